@@ -22,6 +22,17 @@ def _job_owner(uid: str) -> Owner:
     return Owner(JOB_HOST, 0, "job", uid)
 
 
+_JOBS_OF_CLAIMS = (f"JOIN jobs j ON c.owner = '{_job_owner('').id}' || j.uid AND j.status IN "
+                   f"{OPEN_STATES}")
+# Requests an unfinished job claims; then those whose model sees what such a request's saw
+HELD_SQL = (f"SELECT c.request_key, j.id FROM claims c {_JOBS_OF_CLAIMS} "
+            "WHERE c.request_key IN ({marks})")
+HELD_ALIKE_SQL = (
+    "SELECT s.request_key, MIN(j.id) FROM seen s JOIN seen o ON o.seen_key = s.seen_key AND "
+    f"o.request_key <> s.request_key JOIN claims c ON c.request_key = o.request_key "
+    f"{_JOBS_OF_CLAIMS} WHERE s.request_key IN ({{marks}}) GROUP BY s.request_key")
+
+
 def _custom_id(job_uid: str, attempt_id: int, request_key: str) -> str:
     """A line's id naming one receipt of one job (a stale line is never joined to a later one),
     51 characters of ``[a-z0-9_]``: within both providers' rule ``^[a-zA-Z0-9_-]{1,64}$``."""
@@ -161,11 +172,12 @@ class JobStore(CallStore):
                                 "this ledger" if name is None else f"batch {name!r}", then)
 
     def job_holders(self, keys: Sequence[str]) -> dict[str, int]:
-        """Of ``keys``, those an unfinished job claims, each with the job's id."""
-        return {row[0]: row[1] for row in self._by_keys(
-            f"SELECT c.request_key, j.id FROM claims c JOIN jobs j ON c.owner = "
-            f"'{_job_owner('').id}' || j.uid WHERE j.status IN {OPEN_STATES} "
-            "AND c.request_key IN ({marks})", keys)}
+        """Of ``keys``, those an unfinished job claims, each with the job's id: the key itself, or
+        another whose model saw the same (another validator's revision): asked once, not again."""
+        held = {row[0]: row[1] for row in self._by_keys(HELD_SQL, keys)}
+        held.update((row[0], row[1]) for row in self._by_keys(
+            HELD_ALIKE_SQL, [key for key in keys if key not in held]))
+        return held
 
     def last_attempt_id(self) -> int:
         """The newest receipt's id (0 when there is none): what a run found on record."""

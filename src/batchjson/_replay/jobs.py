@@ -15,11 +15,13 @@ from itertools import chain, islice, takewhile
 from typing import Any
 
 from .._checks import is_amount
+from .._content.keys import Keys
 from .._content.tasks import Request
 from .._errors import LedgerError, ProviderError
 from .._ledger import Ledger
 from .._ledger.records import now
 from .._ledger.store_calls import Owner
+from .._ledger.store_jobs import OPEN_STATES
 from .._providers.base import Call, Reply, estimate_tokens, input_bound
 from .._providers.batch_client import NOT_UTF8, Upload
 from .._providers.reply import received
@@ -54,6 +56,9 @@ class JobsOutcome:
     jobs: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     submitted: int = 0
+    # jobs collected by their own rules that asked what this run asks (another validator's
+    # revision): their answers are this run's to re-judge, for free
+    alike: list[int] = field(default_factory=list)
 
 
 class JobRunner(Settle):
@@ -64,8 +69,14 @@ class JobRunner(Settle):
     def __init__(self, plan: Plan, ledger: Ledger, provider: Any, client: Any,
                  spender: Spender, reservations: dict[int, float], *, session_id: str,
                  poll: float = 1.0, on_progress: Callable[[int], None] | None = None,
-                 on_wait: Callable[[str], Any] | None = None) -> None:
+                 on_wait: Callable[[str], Any] | None = None,
+                 alike: Callable[[Mapping[str, Any]], JobRunner | str] | None = None) -> None:
         super().__init__(plan, ledger.store, provider, spender, Outcome())
+        self.revisions = ledger.revisions
+        # a job asking what this run asks under other rules: a runner judging by its own, or why
+        # this kernel has none (its validator is not registered here)
+        self.alike = alike
+        self.own_rules: dict[int, bool] = {}  # revision id -> its requests keyed as this run's
         self.client, self.session_id, self.poll = client, session_id, poll
         self.where = ledger.where  # named by an error that must lead a person to the ledger
         self.reservations = reservations  # attempt id -> worst case this session reserved
@@ -402,7 +413,10 @@ class JobRunner(Settle):
                 status = self.client.status(batch)
                 note = {"provider_status": status, "counts": self.client.counts(batch)}
                 if status not in self.client.running:
-                    await self._collect(row, batch, {**detail_of(row), **note})
+                    if self._keyed_here(row):
+                        await self._collect(row, batch, {**detail_of(row), **note})
+                    else:
+                        await self._collect_alike(row)
                     continue
             except ProviderError as exc:  # the job stays open: the next run looks again
                 final = not exc.retryable and exc.refused
@@ -422,6 +436,38 @@ class JobRunner(Settle):
                     f"job {job_id} was cancelled while this run watched it: none of its "
                     "requests is sent again by this run; the next run you start owes them")
         return [job_id for job_id in gone if job_id not in self.stopped]
+
+    def _keyed_here(self, row: Mapping[str, Any]) -> bool:
+        """Whether job ``row``'s requests were keyed by this run's rules (its revision's, or one
+        differing only in its tasks), so that this run judges its lines."""
+        revision_id = row["revision_id"]
+        if revision_id not in self.own_rules:
+            [revision] = self.revisions(revision_id=revision_id)
+            self.own_rules[revision_id] = (revision_id == self.plan.revision_id or Keys(
+                revision.components).content == self.plan.keys.content)
+        return self.own_rules[revision_id]
+
+    async def _collect_alike(self, row: Mapping[str, Any]) -> None:
+        """An ended job that asked what this run asks under other rules (another validator):
+        collected by its own, as ``%batch_status`` would; its answers are then re-judged here."""
+        runner = self.alike(row) if self.alike is not None else "no way to judge it was given"
+        if isinstance(runner, str):
+            if row["id"] not in self.unreadable:
+                self.unreadable.add(row["id"])  # no wait for it: it stays open
+                self.result.notes.append(
+                    f"{named(row)} asked what this run asks, under another revision's rules, "
+                    f"and was not collected here: {runner}; its requests are not sent again "
+                    f"while it is open: re-run its cell to collect it, or `batchjson cancel "
+                    f"{row['id']}` to send them again")
+            return
+        runner.watched = {row["id"]}
+        await runner._collect_ended()
+        self.result.notes += runner.result.notes
+        if self._row(row["id"])["status"] not in OPEN_STATES:  # else looked at again later
+            self.result.alike.append(row["id"])
+            self.result.notes.append(f"{named(row)} asked what this run asks, under another "
+                                     "revision's rules: collected by those, its answers "
+                                     "re-judged by this run's")
 
     async def _cancel_asked(self, row: Mapping[str, Any]) -> None:
         """A job a person asked to cancel while its writer was creating it (or released

@@ -308,8 +308,15 @@ def _schema(rt: Runtime, fingerprint: str | None, kept: Any) -> ItemSchema | Non
     return schema if schema.fingerprint == fingerprint else None
 
 
-def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
-    store = rt.ledger.store
+def collector(rt: Runtime, row: Mapping[str, Any], plan: Plan | None = None
+              ) -> JobRunner | str:
+    """A runner collecting job ``row`` by its own revision's rules (``plan``, else read as
+    :func:`job_plan` does), or why this kernel cannot judge its lines."""
+    why = ""
+    if plan is None:
+        plan, why = job_plan(rt, row)
+        if plan is None:
+            return why
     try:  # the session's own provider, when it speaks the job's protocol (its key, its pool)
         configured = rt.provider()
     except BatchJsonError:
@@ -318,8 +325,14 @@ def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
     rt.remember_provider(provider)
     spender = Spender(None, rt.budget, rt.tally, pricing(provider, batch=True),
                       shared=rt.ledger.budget())
-    runner = JobRunner(plan, rt.ledger, provider, client, spender,
-                       rt.job_reservations, session_id=rt.session_id)
+    return JobRunner(plan, rt.ledger, provider, client, spender, rt.job_reservations,
+                     session_id=rt.session_id)
+
+
+def _collect(rt: Runtime, row: Mapping[str, Any], plan: Plan) -> str:
+    store = rt.ledger.store
+    runner = collector(rt, row, plan)
+    assert isinstance(runner, JobRunner)  # given its plan, always one
     keys = [line["request_key"] for line in store.job_lines(row["id"])]
     ran = rt.loop.run(lambda: runner.collect(keys))
     after = store.jobs(job=str(row["id"]))[0]

@@ -52,6 +52,10 @@ def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
     calls, spender = plan_calls(rt, plan)
     revision, superseded = record_revision(rt, plan, calls)
     outcome, jobs = send(rt, plan, calls, spender, revision, progress)
+    if jobs is not None and jobs.alike:  # their answers, collected by their own rules, are
+        again = _resolved(rt, spec, progress)  # re-judged by this run's: free, never re-asked
+        again.notes[:0] = jobs.notes
+        return again
     if plan.sourceless_of:  # imported requests of unknown source this run answered
         clear_sourceless(rt.ledger.store, judging_of(rt, plan), plan.owed, plan.sourceless_of,
                          plan.source)
@@ -257,7 +261,8 @@ def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
     def submitting() -> tuple[Outcome, Coroutine[Any, Any, JobsOutcome]]:
         runner = JobRunner(calls, rt.ledger, plan.provider, plan.client, spender,
                            rt.job_reservations, session_id=rt.session_id, poll=rt.job_poll,
-                           on_progress=progress.update, on_wait=progress.wait)
+                           on_progress=progress.update, on_wait=progress.wait,
+                           alike=lambda row: batches.collector(rt, row))
         return runner.result.outcome, runner.run(plan.pending.windows, wait=plan.spec.wait)
 
     return _replay(rt, plan, plan.provider, progress, submitting)

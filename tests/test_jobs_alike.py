@@ -1,0 +1,120 @@
+"""A validator edited while a batch job runs: the new revision's requests ask what the job's
+asked (request keys name the validator; what the model sees does not), so they are left to that
+job, paid once. Once it ends it is collected by its own revision's rules and its answers are
+re-judged by the new ones, for free; only what they reject is asked again."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+from batchjson.testing import LoopbackServer
+from tests.helpers import ledger_rows
+from tests.test_batch_jobs import SCHEMA, session, srv, tasks, within  # noqa: F401
+
+
+def lenient(item: dict, task: dict) -> None:
+    return None
+
+
+def strict_on_t0(item: dict, task: dict) -> None:
+    if task["task_id"] == "t0":
+        raise ValueError("t0 needs a second look")
+
+
+def labelled(item: dict, task: dict) -> None:
+    if not item["label"].strip():
+        raise ValueError("an empty label")
+
+
+def paid_receipts(target: Any) -> int:
+    return ledger_rows(target, "SELECT COUNT(*) FROM attempts WHERE kind != 'recheck'")[0][0]
+
+
+def test_a_validator_edited_while_its_job_runs_takes_that_jobs_answers_without_asking_again(
+        ledger_at, srv):  # noqa: F811
+    target = ledger_at()
+    s = session(srv, target)
+    first = s.run_batch("labels", tasks(), SCHEMA, transport="batch", validator=lenient)
+    assert first.status == "pending" and srv.batches.created == 1
+    edited = s.run_batch("labels", tasks(), SCHEMA, transport="batch", validator=strict_on_t0,
+                         on_exhausted="return")
+    assert edited.status == "pending" and srv.batches.created == 1  # not asked again
+    assert {job["id"] for job in edited.jobs} == {first.jobs[0]["id"]}
+    time.sleep(0.4)  # the job ends
+    done = s.run_batch("labels", tasks(), SCHEMA, transport="batch", validator=strict_on_t0,
+                       wait=True, repairs=1, replays=0, on_exhausted="return")
+    s.close()
+    assert set(done.values) == {"t1", "t2", "t3", "t4", "t5"} and done.status == "unresolved"
+    # the first job's six answers, judged by its own rules, then re-judged by the new ones for
+    # free: only t0, whose answer they reject, is asked again (its own first call and repair)
+    assert any("under another revision's rules" in note for note in done.notes)
+    asked = ledger_rows(target, "SELECT l.job_id, a.task_ids, a.kind FROM job_lines l JOIN "
+                        "attempts a ON a.id = l.attempt_id WHERE l.job_id > 1 ORDER BY a.id")
+    assert [(ids, kind) for _, ids, kind in asked] == [('["t0"]', "initial"),
+                                                       ('["t0"]', "repair")]
+    assert paid_receipts(target) == 8
+
+
+def test_a_run_waiting_on_its_jobs_waits_for_the_job_an_edit_left_its_requests_to(srv):  # noqa: F811
+    s = session(srv)
+    assert s.run_batch("labels", tasks(), SCHEMA, transport="batch",
+                       validator=lenient).status == "pending"
+    done = within(20, lambda: s.run_batch("labels", tasks(), SCHEMA, transport="batch",
+                                          validator=labelled, wait=True))
+    s.close()
+    assert done.resolved and len(done.values) == 6 and not done.jobs
+    assert srv.batches.created == 1 and done.cost == 0  # re-judged: no call of its own
+    assert done.calls == 0
+
+
+def test_a_live_run_after_a_validator_edit_leaves_the_jobs_prompts_to_it(srv):  # noqa: F811
+    s = session(srv)
+    assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                       validator=lenient).status == "pending"
+    calls = srv.requests
+    live = s.run_batch("labels", tasks(3), SCHEMA, validator=labelled)
+    s.close()
+    assert live.status == "pending" and srv.requests == calls  # nothing sent live
+    assert {e["type"] for e in live.errors} == {"pending"}
+
+
+ANOTHER_KERNEL = textwrap.dedent("""
+    import sys
+    from batchjson import Session
+    from batchjson._providers.openai import OpenAIProvider
+    from tests.test_batch_jobs import SCHEMA, tasks
+    def kernel_only(item, task):  # this process's validator: no other kernel registers it
+        if task["case_id"] == "none":
+            raise ValueError("no case")
+    provider = OpenAIProvider("gpt-4o-mini", base_url=sys.argv[1], api_key="sk-test")
+    s = Session(provider, ledger=sys.argv[2])
+    print(s.run_batch("labels", tasks(), SCHEMA, transport="batch",
+                      validator=kernel_only).status, flush=True)
+    s.close()
+""")
+
+
+def test_a_job_whose_validator_this_kernel_lacks_keeps_its_prompts_and_says_how_to_free_them(
+        tmp_path):
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as server:
+        server.batches.delay = 0.1
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        out = subprocess.run([sys.executable, "-c", ANOTHER_KERNEL, server.base_url,
+                              str(target)], env=env, capture_output=True, text=True,
+                             timeout=60, cwd=os.getcwd())
+        assert out.stdout.strip() == "pending", out.stderr
+        time.sleep(0.3)  # the job has ended
+        s = session(server, target)
+        result = within(20, lambda: s.run_batch("labels", tasks(), SCHEMA, transport="batch",
+                                                validator=lenient, wait=True,
+                                                on_exhausted="return"))
+        s.close()
+        assert result.status == "pending" and server.batches.created == 1  # never re-asked
+        [note] = [n for n in result.notes if "under another revision's rules" in n]
+        assert "not registered in this kernel" in note and "batchjson cancel 1" in note
