@@ -12,7 +12,9 @@ Each phase runs in a fresh child process, so its peak RSS (``VmHWM``) is its own
   (e) (c) again, resumed (a generator's tasks are made, checked and keyed again, but no
       request is built).
 
-Each phase then reads every value back (``result.values.items()``, the pages ``to_jsonl`` and
+The baselines and resumes run ``--rounds`` times (default 3), their median compared: one run of
+the small baseline varies by more than the targets' margins on a shared machine. Each phase
+then reads every value back (``result.values.items()``, the pages ``to_jsonl`` and
 ``to_pandas`` read too), timed apart from the run.
 
 Targets: peak RSS of (b) <= 1 GB, of (c) <= 256 MB (also printed as a ratio to the JSONL file's
@@ -32,6 +34,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -105,9 +108,19 @@ def _peak_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def phase(source: str, n: int, ledger: Path) -> dict:
-    return run_child(__file__, ["--child", source, "--n", str(n), "--ledger", str(ledger)],
-                     f"phase {source} n={n}")
+def phase(source: str, n: int, ledger: Path, rounds: int = 1, *, resume: bool = False) -> dict:
+    """The phase run ``rounds`` times (a first run on a new ledger each time; a ``resume`` on
+    the same finished one): its median wall, CPU and read-back times, so that one noisy moment
+    of a shared machine does not decide a ratio."""
+    runs = [run_child(__file__, ["--child", source, "--n", str(n), "--ledger", str(
+        ledger if resume or number == 0 else ledger.with_name(f"{number}-{ledger.name}"))],
+        f"phase {source} n={n}") for number in range(rounds)]
+    row = dict(runs[-1])
+    for what in ("wall", "cpu", "read_wall"):
+        row[what] = statistics.median(run[what] for run in runs)
+    row["peak_mb"] = max(run["peak_mb"] for run in runs)
+    row["calls"] = max(run["calls"] for run in runs)
+    return row
 
 
 def run_child(script: str, argv: list[str], what: str) -> dict:
@@ -128,6 +141,8 @@ def main() -> int:
     parser.add_argument("--child")
     parser.add_argument("--ledger")
     parser.add_argument("--phases", default="small,small-gen,file,generator,resume")
+    parser.add_argument("--rounds", type=int, default=ci_or(3, 1),
+                        help="runs of each baseline and resume, their median taken")
     args = parser.parse_args()
     if args.child:
         child(args.child, args.n, args.ledger)
@@ -140,9 +155,10 @@ def main() -> int:
         small_file, big_file = where / "small.jsonl", where / "big.jsonl"
         if "small" in phases:
             write_jsonl(small_file, args.small)
-            rows["small"] = phase(str(small_file), args.small, where / "small.db")
+            rows["small"] = phase(str(small_file), args.small, where / "small.db", args.rounds)
         if "small-gen" in phases:
-            rows["small-gen"] = phase("generator", args.small, where / "small-gen.db")
+            rows["small-gen"] = phase("generator", args.small, where / "small-gen.db",
+                                      args.rounds)
         if {"file", "resume"} & set(phases):
             write_jsonl(big_file, args.n)
         size_mb = args.n * len(json.dumps(task(0)) + "\n") / 2**20
@@ -151,9 +167,11 @@ def main() -> int:
         if "generator" in phases:
             rows["generator"] = phase("generator", args.n, where / "generator.db")
         if "resume" in phases and "file" in phases:
-            rows["resume"] = phase(str(big_file), args.n, where / "file.db")
+            rows["resume"] = phase(str(big_file), args.n, where / "file.db", args.rounds,
+                                   resume=True)
         if "resume" in phases and "generator" in phases:  # diagnosis: tasks read and checked
-            rows["resume-gen"] = phase("generator", args.n, where / "generator.db")
+            rows["resume-gen"] = phase("generator", args.n, where / "generator.db",
+                                       args.rounds, resume=True)
         print(f"input: {args.n} tasks, JSONL file {size_mb:.1f} MB")
         for label, row in rows.items():
             count = args.small if label.startswith("small") else args.n
