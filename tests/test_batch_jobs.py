@@ -1060,3 +1060,35 @@ def test_a_job_answered_another_way_is_collected_by_a_run_that_sends_the_rest(sr
     assert {k: v for k, v in s.ledger.checkpoint("labels").items() if k in sent} == {
         k: v for k, v in kept.items() if k in sent}
     s.close()
+
+
+def test_a_collection_that_meets_another_hosts_write_is_recorded_once_when_run_again(
+        srv, monkeypatch, tmp_path):
+    """Collecting a job completes its receipts and ends it in one transaction; on PostgreSQL
+    another host's write can pick it as a deadlock's victim. Fault: psycopg's own error left the
+    run, the job's paid answers unrecorded, though running the transaction again commits it."""
+    target = tmp_path / "l.sqlite"
+    s = session(srv, target)
+    store = s.ledger.store
+
+    class Conflict(Exception):
+        pass
+
+    monkeypatch.setattr(type(store), "conflicts", (Conflict,))
+    end_job, met = store.end_job, []
+
+    def deadlocked_once(tx, *args, **kwargs):
+        ended = end_job(tx, *args, **kwargs)
+        if not met:
+            met.append(1)
+            raise Conflict("deadlock detected")
+        return ended
+
+    monkeypatch.setattr(store, "end_job", deadlocked_once)
+    result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    s.close()
+    assert met and result.resolved and len(result.values) == 3
+    assert srv.batches.created == 1  # collected, not asked again
+    assert sorted(accepted_per_key(target).values()) == [1, 1, 1]
+    assert ledger_rows(target, "SELECT status, COUNT(*) FROM jobs GROUP BY status") == [
+        ("ended", 1)]

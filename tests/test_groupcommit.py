@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from batchjson import Ledger
+from batchjson._errors import LedgerError
 from batchjson._ledger.store import Store
-from batchjson._replay.groupcommit import GroupCommit
+from batchjson._replay.groupcommit import CONFLICT_TRIES, GroupCommit
 
 
 def _ledger_with_table() -> Store:
@@ -136,6 +137,35 @@ def test_a_write_that_fails_alone_for_meeting_another_hosts_write_is_run_again(m
     done, _ = asyncio.run(main())
     assert done == "done" and len(tries) == 3
     assert rows(store) == ["kept", "other"]  # each once: the failed tries were undone
+
+
+def test_a_write_that_keeps_meeting_other_hosts_writes_stops_the_run_with_a_ledger_error(
+        monkeypatch):
+    """Fault: after its tries the database's own exception (psycopg's) reached the caller and
+    left the public API; a write never recorded must stop the run as a failed ledger does."""
+    store = _ledger_with_table()
+    writes = GroupCommit(store)
+
+    class Conflict(Exception):
+        pass
+
+    monkeypatch.setattr(type(store), "conflicts", (Conflict,))
+    tries = []
+
+    def always_deadlocked(db):
+        tries.append(1)
+        db.execute("INSERT INTO t VALUES ('never')")
+        raise Conflict("deadlock detected")
+
+    async def main():
+        return await asyncio.gather(writes.submit(always_deadlocked), return_exceptions=True)
+
+    [failed] = asyncio.run(main())
+    assert isinstance(failed, LedgerError) and isinstance(failed.cause, Conflict)
+    assert "3 times" in str(failed) and len(tries) == 1 + CONFLICT_TRIES
+    assert rows(store) == [] and writes.broken is failed  # nothing more is written or sent
+    with pytest.raises(LedgerError):
+        writes.raise_failures()
 
 
 def test_postgresql_says_a_deadlock_or_serialization_failure_may_pass_when_run_again(postgres):

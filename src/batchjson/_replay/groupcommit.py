@@ -96,22 +96,33 @@ class GroupCommit:
         return outcomes
 
     def _alone(self, op: Op, fut: asyncio.Future | None) -> Outcome:
-        """One write in a transaction of its own, run again while it fails only for meeting
-        another host's write at that moment (``Store.conflicts``: a deadlock on PostgreSQL)."""
-        tries = 1
-        while True:
-            try:
-                with self._store.transaction(calls=True) as db:
-                    result = op(db)
-                    result = result() if isinstance(result, Later) else result
-                return _committed(fut, result)
-            except LedgerError as exc:
-                self.broken = exc
-                return fut, None, exc
-            except Exception as exc:  # this write alone failed and is reported to its caller
-                if tries >= CONFLICT_TRIES or not isinstance(exc, self._store.conflicts):
-                    return fut, None, exc
-                tries += 1
+        """One write in a transaction of its own (:func:`committed`)."""
+        try:
+            return _committed(fut, committed(self._store, op))
+        except LedgerError as exc:
+            self.broken = exc
+            return fut, None, exc
+        except Exception as exc:  # this write alone failed and is reported to its caller
+            return fut, None, exc
+
+
+def committed(store: Store, write: Op) -> Any:
+    """``write`` in a transaction of its own, run again while it fails only for meeting another
+    host's write at that moment (``Store.conflicts``: a deadlock on PostgreSQL), up to
+    :data:`CONFLICT_TRIES` times, then a LedgerError: never a database's own exception."""
+    tries = 1
+    while True:
+        try:
+            with store.transaction(calls=True) as db:
+                result = write(db)
+                return result() if isinstance(result, Later) else result
+        except store.conflicts as exc:
+            if tries >= CONFLICT_TRIES:
+                raise LedgerError(f"a write met other hosts' writes {tries} times over (a "
+                                  "deadlock each time) and was not recorded; the run stopped "
+                                  "before any further call: re-run to resume", cause=exc
+                                  ) from exc
+            tries += 1
 
 
 CONFLICT_TRIES = 3  # a write that deadlocks alone, against another host's, is run this often

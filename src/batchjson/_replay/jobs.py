@@ -28,6 +28,7 @@ from .._providers.reply import received
 from .._providers.settings import declared_output_cap
 from .._sources import TRUNCATED
 from .budget import Spender
+from .groupcommit import committed
 from .plan import Outcome, Plan, make_call, system_prompt
 from .settle import (
     HALVE,
@@ -529,11 +530,14 @@ class JobRunner(Settle):
                 self.on_progress(len(verdict.stored if verdict.partial else attempt.request.tasks))
             writes.append(write)
         store, status = self.store, detail["provider_status"]
-        with store.transaction(calls=True) as tx:
+
+        def end(tx: Any) -> None:
             if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else "ended",
                              detail):
                 for write in writes:
                     write(tx)
+
+        committed(store, end)
 
     def _lines(self, row: Mapping[str, Any], lines: Mapping[str, Mapping[str, Any]],
                outs: Iterable[Any], detail: dict[str, Any]

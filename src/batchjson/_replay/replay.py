@@ -31,7 +31,7 @@ from .._providers.settings import call_output_cap
 from .._secrets import public_url
 from .._sources import TRUNCATED
 from .budget import Spender
-from .groupcommit import GroupCommit
+from .groupcommit import GroupCommit, committed
 from .pacing import COUNT_SECONDS, HostShare, Pacer
 from .plan import Outcome, Plan, Transport, first_prompt, make_call, system_prompt
 from .settle import (
@@ -341,11 +341,9 @@ class Replayer(Settle):
                                f"{why} before the return was judged; re-run to resume")
                    + (" (the answer is kept and is judged first)" if kept else "")}]
         try:
-            with self.store.transaction(calls=True) as tx:
-                self.store.complete_call(
-                    tx, attempt_id, "cancelled", reply.text if kept else None,
-                    usage_of(reply) if kept else {}, errors=errors, sent_at=sent_at,
-                    charge=charge)
+            committed(self.store, lambda tx: self.store.complete_call(
+                tx, attempt_id, "cancelled", reply.text if kept else None,
+                usage_of(reply) if kept else {}, errors=errors, sent_at=sent_at, charge=charge))
         except LedgerError as exc:
             self.control.ledger_failed(exc)
 
