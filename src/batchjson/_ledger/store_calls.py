@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import uuid
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -353,9 +354,10 @@ class CallStore(RunStore):
         return True
 
     # -- the live hosts, sharing the rate limits ---------------------------------------------
-    def hosts(self, tx: Tx, owner: Owner, *, leaving: bool = False) -> int:
-        """Renew ``owner``'s row, or delete it when ``leaving``; then count the hosts alive. Gone
-        hosts' rows are deleted in one order, so no two hosts wait on each other in a circle."""
+    def hosts(self, tx: Tx, owner: Owner, *, leaving: bool = False) -> tuple[int, int]:
+        """Renew ``owner``'s row, or delete it when ``leaving``; then the hosts alive: how many,
+        and ``owner``'s place among them in the order of their ids. Gone hosts' rows are deleted
+        in one order, so no two hosts wait on each other in a circle."""
         at = self._clock(tx)
         if not leaving:
             self._exec(tx, HOST_JOIN_SQL, (owner.id, owner.host, owner.pid,
@@ -367,7 +369,8 @@ class CallStore(RunStore):
             gone.add(owner.id)  # together would otherwise each hold one and wait on the other
         for name in sorted(gone):
             self._exec(tx, "DELETE FROM hosts WHERE owner = ?", (name,))
-        return len({row[0] for row in rows} - gone)
+        alive = sorted({row[0] for row in rows} - gone)
+        return len(alive), bisect_left(alive, owner.id)
 
     def rate_limits(self, tx: Tx, account: str, model: str,
                     learnt: tuple[int | None, int | None] | None = None

@@ -462,10 +462,12 @@ class HostShare:
         self.pacer = pacer
         self.owner = Owner.start(session_id)
         self._kept: dict[Account, RateLimits] = {}  # limits the ledger holds, recently written
+        self.rank = 0  # this host's place among those alive, in the order of their ids
 
     def count(self, tx: Tx) -> None:
         """Renew this host's row in ``tx`` and take its share of the hosts counted alive."""
-        self.pacer.share(self.store.hosts(tx, self.owner))
+        alive, self.rank = self.store.hosts(tx, self.owner)
+        self.pacer.share(alive)
 
     def recall(self, tx: Tx, account: Account) -> None:
         """:meth:`count`, and pace to the limits the ledger keeps for ``account``."""

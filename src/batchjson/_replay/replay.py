@@ -443,7 +443,21 @@ class Replayer(Settle):
         self._parted.update(parted)
         self.attempts.update(counts)
         self._cut_off.update(key for key, stops in stopped.items() if TRUNCATED in stops)
-        self._queue.extend((r, 0) for r in requests)
+        self._queue.extend((r, 0) for r in self._own_share_first(requests))
+
+    def _own_share_first(self, requests: list[Request]) -> list[Request]:
+        """With other hosts on the ledger, which read the same requests in the same order: this
+        host's share of them first (its place among the hosts alive), then each next host's share
+        from its end, where that host comes last. Hosts then meet only where shares meet, instead
+        of each asking for every request in turn and all but one being refused its claim."""
+        hosts = self.pacer.hosts if self.pacer is not None and self.hosts is not None else 1
+        if hosts < 2 or len(requests) < 2 * hosts:
+            return requests
+        size = -(-len(requests) // hosts)
+        shares = [requests[start:start + size] for start in range(0, len(requests), size)]
+        mine = self.hosts.rank % len(shares)
+        return shares[mine] + [request for k in range(1, len(shares))
+                               for request in reversed(shares[(mine + k) % len(shares)])]
 
     async def _worker(self) -> None:
         changed = self.control.changed
