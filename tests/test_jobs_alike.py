@@ -12,6 +12,7 @@ import textwrap
 import time
 from typing import Any
 
+from batchjson import Budget
 from batchjson.testing import LoopbackServer
 from tests.helpers import ledger_rows
 from tests.test_batch_jobs import SCHEMA, session, srv, tasks, within  # noqa: F401
@@ -70,6 +71,71 @@ def test_a_run_waiting_on_its_jobs_waits_for_the_job_an_edit_left_its_requests_t
     assert done.resolved and len(done.values) == 6 and not done.jobs
     assert srv.batches.created == 1 and done.cost == 0  # re-judged: no call of its own
     assert done.calls == 0
+
+
+def test_a_run_counts_its_own_calls_beside_the_answers_it_re_judged(srv):  # noqa: F811
+    """Fault: the run was planned again once the earlier job was collected, and its result
+    kept only the second plan's counts: the calls it paid for its own job (t3-t5) read 0."""
+    s = session(srv)
+    assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                       validator=lenient).status == "pending"
+    done = within(20, lambda: s.run_batch("labels", tasks(6), SCHEMA, transport="batch",
+                                          validator=labelled, wait=True))
+    s.close()
+    assert done.resolved and srv.batches.created == 2
+    assert done.calls == 3 and done.cost > 0  # t3-t5, asked and paid by this run
+
+
+def test_tasks_from_a_generator_are_read_once_when_an_earlier_job_is_re_judged(srv):  # noqa: F811
+    """Fault: planning the run again read the generator a second time: "empty batch"."""
+    s = session(srv)
+    assert s.run_batch("labels", tasks(), SCHEMA, transport="batch",
+                       validator=lenient).status == "pending"
+    time.sleep(0.4)
+    done = within(20, lambda: s.run_batch("labels", (t for t in tasks()), SCHEMA,
+                                          transport="batch", validator=labelled, wait=True))
+    s.close()
+    assert done.resolved and len(done.values) == 6 and srv.batches.created == 1
+
+
+def test_a_wait_ends_when_the_earlier_jobs_output_cannot_be_read(srv):  # noqa: F811
+    """Fault: the runner collecting the earlier job by its own rules knew its output was refused
+    (a 403), but the run waiting on it did not, and polled it for ever."""
+    s = session(srv)
+    assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                       validator=lenient).status == "pending"
+    srv.batches.refuse_results = 403
+    done = within(10, lambda: s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                                          validator=labelled, wait=True, on_exhausted="return"))
+    s.close()
+    assert done.status == "pending" and srv.batches.created == 1
+
+
+def test_a_run_short_of_budget_does_not_ask_again_what_the_earlier_job_answered(tmp_path):
+    """A budget too small for every line makes the run look at its requests again on each pass.
+    Fault: once the earlier job was collected, the next pass found t0-t2 free and not accepted
+    under the new keys, and submitted them again before their answers were re-judged."""
+    with LoopbackServer() as probe:  # one line's worst case, as a job reserves it
+        s = session(probe, tmp_path / "probe.sqlite", budget=Budget(cost=1.0),
+                    extra_body={"max_completion_tokens": 200})
+        s.run_batch("labels", tasks(1), SCHEMA, transport="batch", validator=lenient)
+        s.close()
+    [(worst,)] = ledger_rows(tmp_path / "probe.sqlite", "SELECT reserved FROM job_lines")
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as server:
+        server.batches.delay = 0.15
+        s = session(server, target, budget=Budget(cost=5.5 * worst),
+                    extra_body={"max_completion_tokens": 200})
+        assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                           validator=lenient).status == "pending"
+        time.sleep(0.1)
+        server.batches.delay = 1.0  # the run's own jobs outlast the earlier one
+        within(30, lambda: s.run_batch("labels", tasks(6), SCHEMA, transport="batch",
+                                       validator=labelled, wait=True, on_exhausted="return"))
+        s.close()
+    asked = [ids for (ids,) in ledger_rows(target, "SELECT a.task_ids FROM job_lines l JOIN "
+                                           "attempts a ON a.id = l.attempt_id")]
+    assert len(asked) == len(set(asked)) == 6  # each task asked once: t0-t2 by the first job
 
 
 def test_a_live_run_after_a_validator_edit_leaves_the_jobs_prompts_to_it(srv):  # noqa: F811

@@ -24,6 +24,7 @@ def _job_owner(uid: str) -> Owner:
 
 _JOBS_OF_CLAIMS = (f"JOIN jobs j ON c.owner = '{_job_owner('').id}' || j.uid AND j.status IN "
                    f"{OPEN_STATES}")
+ANY_JOB_OPEN_SQL = f"SELECT 1 FROM jobs WHERE status IN {OPEN_STATES} LIMIT 1"
 # Requests an unfinished job claims; then those whose model sees what such a request's saw
 HELD_SQL = (f"SELECT c.request_key, j.id FROM claims c {_JOBS_OF_CLAIMS} "
             "WHERE c.request_key IN ({marks})")
@@ -174,6 +175,8 @@ class JobStore(CallStore):
     def job_holders(self, keys: Sequence[str]) -> dict[str, int]:
         """Of ``keys``, those an unfinished job claims, each with the job's id: the key itself, or
         another whose model saw the same (another validator's revision): asked once, not again."""
+        if not keys or not self._read(ANY_JOB_OPEN_SQL):  # the usual case: no job at all
+            return {}
         held = {row[0]: row[1] for row in self._by_keys(HELD_SQL, keys)}
         held.update((row[0], row[1]) for row in self._by_keys(
             HELD_ALIKE_SQL, [key for key in keys if key not in held]))

@@ -12,7 +12,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import chain, islice, takewhile
-from typing import Any
+from typing import Any, Protocol
 
 from .._checks import is_amount
 from .._content.keys import Keys
@@ -43,6 +43,17 @@ from .settle import (
 )
 
 WINDOW = 1000  # requests read from the ledger, or output lines judged, together
+
+
+class Alike(Protocol):
+    """What a run's session does for it with a job that asked what the run asks under other
+    rules (another validator's revision): collect it by its own, then re-judge on its answers."""
+
+    def runner(self, row: Mapping[str, Any]) -> JobRunner | str:
+        """A runner collecting job ``row`` by its revision's rules, or why none can here."""
+
+    async def rejudge(self, requests: Sequence[Request]) -> list[Request]:
+        """Of ``requests``, those a stored answer passes now, committed as rechecks."""
 Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call
 Owed = tuple[Request, str, str]  # a request, and the kind and prompt of its next attempt
 
@@ -57,9 +68,6 @@ class JobsOutcome:
     jobs: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     submitted: int = 0
-    # jobs collected by their own rules that asked what this run asks (another validator's
-    # revision): their answers are this run's to re-judge, for free
-    alike: list[int] = field(default_factory=list)
 
 
 class JobRunner(Settle):
@@ -71,12 +79,14 @@ class JobRunner(Settle):
                  spender: Spender, reservations: dict[int, float], *, session_id: str,
                  poll: float = 1.0, on_progress: Callable[[int], None] | None = None,
                  on_wait: Callable[[str], Any] | None = None,
-                 alike: Callable[[Mapping[str, Any]], JobRunner | str] | None = None) -> None:
+                 alike: Alike | None = None) -> None:
         super().__init__(plan, ledger.store, provider, spender, Outcome())
         self.revisions = ledger.revisions
         # a job asking what this run asks under other rules: a runner judging by its own, or why
-        # this kernel has none (its validator is not registered here)
+        # this kernel has none (its validator is not registered here); and the re-judging of
+        # this run's requests on stored answers, once such a job is collected
         self.alike = alike
+        self.rejudge_owed = False  # such a job was collected: re-judge before any submission
         self.own_rules: dict[int, bool] = {}  # revision id -> its requests keyed as this run's
         self.client, self.session_id, self.poll = client, session_id, poll
         self.where = ledger.where  # named by an error that must lead a person to the ledger
@@ -115,6 +125,10 @@ class JobRunner(Settle):
                 if rescan:
                     rescan = await self._submit_over(windows(), writer)
                 ended = await self._collect_ended()
+                if self.rejudge_owed:  # its answers first: what they resolve is not asked,
+                    await self._rejudge(windows())  # what they leave is submitted now
+                    rescan = True
+                    continue
                 if ended:  # follow-ups of what they held
                     rescan = await self._submit_over(self._held_by(ended), writer) or rescan
                 running = [row for row in self._open_rows() if row["status"] in (
@@ -451,7 +465,8 @@ class JobRunner(Settle):
     async def _collect_alike(self, row: Mapping[str, Any]) -> None:
         """An ended job that asked what this run asks under other rules (another validator):
         collected by its own, as ``%batch_status`` would; its answers are then re-judged here."""
-        runner = self.alike(row) if self.alike is not None else "no way to judge it was given"
+        runner = (self.alike.runner(row) if self.alike is not None
+                  else "no way to judge it was given")
         if isinstance(runner, str):
             if row["id"] not in self.unreadable:
                 self.unreadable.add(row["id"])  # no wait for it: it stays open
@@ -464,11 +479,25 @@ class JobRunner(Settle):
         runner.watched = {row["id"]}
         await runner._collect_ended()
         self.result.notes += runner.result.notes
+        self.unreadable |= runner.unreadable & {row["id"]}  # no wait for it either
         if self._row(row["id"])["status"] not in OPEN_STATES:  # else looked at again later
-            self.result.alike.append(row["id"])
+            self.rejudge_owed = True
             self.result.notes.append(f"{named(row)} asked what this run asks, under another "
                                      "revision's rules: collected by those, its answers "
                                      "re-judged by this run's")
+
+    async def _rejudge(self, windows: Iterable[Sequence[Request]]) -> None:
+        """This run's requests that no job holds and none accepted, re-judged on the answers
+        on record (a job of other rules just collected): what passes is accepted, free."""
+        assert self.alike is not None  # it is what collected such a job
+        self.rejudge_owed = False
+        for window in windows:
+            _, done, _ = self.store.job_window([r.key for r in window], self.plan.revision_id)
+            resolved = await self.alike.rejudge([r for r in window if r.key not in done])
+            for request in resolved:
+                self.outcome.taken_from_ledger += 1
+                if self.on_progress is not None:
+                    self.on_progress(len(request.tasks))
 
     async def _cancel_asked(self, row: Mapping[str, Any]) -> None:
         """A job a person asked to cancel while its writer was creating it (or released

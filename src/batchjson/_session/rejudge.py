@@ -51,30 +51,32 @@ class Judging:
         """Each request's first stored return passing now; a crash (``broken``) ends it. With
         ``apart`` (``accept="items"``), a request none passes whole: the return passing most of
         it in part, committed as a live one is (:func:`in_part`), its rest owed."""
+        return self.run(lambda: self.passing(candidates, broken, apart)) if candidates else []
+
+    async def passing(self, candidates: Sequence[tuple[Request, Sequence[Any]]],
+                      broken: list[dict[str, Any]] | None = None,
+                      apart: Apart | None = None) -> list[Passed]:
+        """:meth:`first_passing` on the loop it runs on (a transport's, mid-run)."""
         judging = self if apart is None else replace(self, accept="items")
-
-        async def judge_all() -> list[Passed]:
-            passed = []
-            for request, rows in candidates:
-                part = None
-                for row in rows[:MAX_CANDIDATES]:
-                    verdict = await judging._judge(row["raw"], request.tasks)
-                    if verdict.accepted:
-                        passed.append((request, row, verdict.stored))
-                        break
-                    if verdict.partial and (part is None or len(verdict.stored) > len(
-                            part[1].stored)):
-                        part = (row, verdict)
-                    crashed = [e for e in verdict.errors if e["type"] == "validator_error"]
-                    if crashed and broken is not None:
-                        broken.append(crashed[0])
-                        return passed
-                else:
-                    if part is not None and apart is not None:
-                        passed.append(in_part(request, *part, apart))
-            return passed
-
-        return self.run(judge_all) if candidates else []
+        passed = []
+        for request, rows in candidates:
+            part = None
+            for row in rows[:MAX_CANDIDATES]:
+                verdict = await judging._judge(row["raw"], request.tasks)
+                if verdict.accepted:
+                    passed.append((request, row, verdict.stored))
+                    break
+                if verdict.partial and (part is None or len(verdict.stored) > len(
+                        part[1].stored)):
+                    part = (row, verdict)
+                crashed = [e for e in verdict.errors if e["type"] == "validator_error"]
+                if crashed and broken is not None:
+                    broken.append(crashed[0])
+                    return passed
+            else:
+                if part is not None and apart is not None:
+                    passed.append(in_part(request, *part, apart))
+        return passed
 
 
 def in_part(request: Request, row: Any, verdict: acceptance.Verdict, apart: Apart) -> Passed:

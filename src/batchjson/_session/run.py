@@ -21,7 +21,7 @@ from .._replay.replay import Replayer
 from . import batches, window
 from .plan import RunPlan, Runtime, find_completed, finished, keyed
 from .registry import checker_of
-from .rejudge import UNSEEN, Judging, clear_sourceless, unseen_token
+from .rejudge import UNSEEN, Judging, clear_sourceless, earlier_candidates, unseen_token
 from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, ThrownAway, result_values
 from .spec import RunSpec, check_fit, check_rate_fit, compared_candidates
 
@@ -52,10 +52,6 @@ def _resolved(rt: Runtime, spec: RunSpec, progress: Progress) -> BatchResult:
     calls, spender = plan_calls(rt, plan)
     revision, superseded = record_revision(rt, plan, calls)
     outcome, jobs = send(rt, plan, calls, spender, revision, progress)
-    if jobs is not None and jobs.alike:  # their answers, collected by their own rules, are
-        again = _resolved(rt, spec, progress)  # re-judged by this run's: free, never re-asked
-        again.notes[:0] = jobs.notes
-        return again
     if plan.sourceless_of:  # imported requests of unknown source this run answered
         clear_sourceless(rt.ledger.store, judging_of(rt, plan), plan.owed, plan.sourceless_of,
                          plan.source)
@@ -262,10 +258,32 @@ def _jobs(rt: Runtime, calls: Plan, spender: Spender, plan: RunPlan,
         runner = JobRunner(calls, rt.ledger, plan.provider, plan.client, spender,
                            rt.job_reservations, session_id=rt.session_id, poll=rt.job_poll,
                            on_progress=progress.update, on_wait=progress.wait,
-                           alike=lambda row: batches.collector(rt, row))
+                           alike=AlikeJobs(rt, plan, calls))
         return runner.result.outcome, runner.run(plan.pending.windows, wait=plan.spec.wait)
 
     return _replay(rt, plan, plan.provider, progress, submitting)
+
+
+class AlikeJobs:
+    """A job of another revision that asked what this run asks (only its validator differed):
+    collected by its own rules (:func:`batches.collector`), its answers re-judged by the run's."""
+
+    def __init__(self, rt: Runtime, plan: RunPlan, calls: Plan) -> None:
+        self.rt, self.plan, self.calls = rt, plan, calls
+        self.judging = judging_of(rt, plan)
+
+    def runner(self, row: Any) -> JobRunner | str:
+        return batches.collector(self.rt, row)
+
+    async def rejudge(self, requests: list[Request]) -> list[Request]:
+        store, keys, calls = self.rt.ledger.store, self.plan.keys, self.calls
+        candidates = earlier_candidates(store, requests, seen_of={
+            r.key: keys.seen_key(r.tasks_json) for r in requests}, sourceless_of={})
+        apart = keys.apart if self.plan.spec.accept == "items" else None
+        passed = await self.judging.passing(candidates, None, apart) if candidates else []
+        if passed:
+            store.commit_rechecks(calls.batch_id, calls.revision_id, passed, self.plan.source)
+        return [request for request, _, _ in passed]
 
 
 def _replay(rt: Runtime, plan: RunPlan, provider: Any, progress: Progress,
