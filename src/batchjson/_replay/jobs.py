@@ -54,6 +54,8 @@ class Alike(Protocol):
 
     async def rejudge(self, requests: Sequence[Request]) -> list[Request]:
         """Of ``requests``, those a stored answer passes now, committed as rechecks."""
+
+
 Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call
 Owed = tuple[Request, str, str]  # a request, and the kind and prompt of its next attempt
 
@@ -465,8 +467,9 @@ class JobRunner(Settle):
     async def _collect_alike(self, row: Mapping[str, Any]) -> None:
         """An ended job that asked what this run asks under other rules (another validator):
         collected by its own, as ``%batch_status`` would; its answers are then re-judged here."""
-        runner = (self.alike.runner(row) if self.alike is not None
-                  else "no way to judge it was given")
+        if self.alike is None:  # a collection of given jobs (%batch_status): each by its own
+            return
+        runner = self.alike.runner(row)
         if isinstance(runner, str):
             if row["id"] not in self.unreadable:
                 self.unreadable.add(row["id"])  # no wait for it: it stays open
