@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from typing import Any
 
@@ -136,6 +137,70 @@ def test_a_run_short_of_budget_does_not_ask_again_what_the_earlier_job_answered(
     asked = [ids for (ids,) in ledger_rows(target, "SELECT a.task_ids FROM job_lines l JOIN "
                                            "attempts a ON a.id = l.attempt_id")]
     assert len(asked) == len(set(asked)) == 6  # each task asked once: t0-t2 by the first job
+
+
+def test_a_waiting_run_re_judges_the_earlier_jobs_answers_when_its_own_revision_collects_it(
+        srv, tmp_path):  # noqa: F811
+    """Fault: the earlier revision's run collected its job while this one waited on it; this run
+    saw the job end but only re-judged a job it collected itself, so t0-t2 ended not_attempted
+    though their answers were on record."""
+    target = tmp_path / "l.sqlite"
+    earlier = session(srv, target)
+    assert earlier.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                             validator=lenient).status == "pending"
+    edited = session(srv, target)
+    edited.job_poll = 1.5  # the earlier revision's own run collects the job first
+    out: list[Any] = []
+    waiting = threading.Thread(target=lambda: out.append(edited.run_batch(
+        "labels", tasks(6), SCHEMA, transport="batch", validator=labelled, wait=True,
+        on_exhausted="return")))
+    waiting.start()
+    time.sleep(0.05)
+    assert earlier.run_batch("labels", tasks(3), SCHEMA, transport="batch", validator=lenient,
+                             wait=True).resolved
+    waiting.join(30)
+    earlier.close()
+    edited.close()
+    [done] = out
+    assert done.resolved and len(done.values) == 6 and srv.batches.created == 2
+
+
+def crashing(item: dict, task: dict) -> None:
+    raise RuntimeError("a bug in the validator")
+
+
+def test_a_validator_crash_on_the_earlier_jobs_answers_sends_nothing(srv):  # noqa: F811
+    """As at planning, a validator that crashes on a stored answer stops the run before a call.
+    Fault: the crash while re-judging the earlier job's answers went unheard, and a job of the
+    same three prompts was paid for before the run stopped."""
+    s = session(srv)
+    assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                       validator=lenient).status == "pending"
+    done = within(20, lambda: s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                                          validator=crashing, wait=True, on_exhausted="return"))
+    s.close()
+    assert srv.batches.created == 1 and not done.values
+    assert any("the validator failed while re-judging" in note for note in done.notes)
+
+
+def test_under_accept_items_a_pack_answered_in_part_is_re_judged_once(srv, tmp_path):  # noqa: F811
+    """Two earlier jobs ending apart: each made the run re-judge its requests. Fault: a pack the
+    first had answered in part (t1 kept, t0 owed) was re-judged again when the second ended,
+    writing a second 'partial' recheck and counting it resolved twice."""
+    target = tmp_path / "l.sqlite"
+    s = session(srv, target)
+    srv.batches.delay = 0.6
+    s.run_batch("labels", tasks(2), SCHEMA, transport="batch", pack=2, validator=lenient)
+    time.sleep(0.25)
+    srv.batches.delay = 3.0
+    s.run_batch("labels", tasks(4), SCHEMA, transport="batch", pack=2, validator=labelled)
+    done = within(30, lambda: s.run_batch(
+        "labels", tasks(4), SCHEMA, transport="batch", pack=2, validator=strict_on_t0,
+        accept="items", wait=True, repairs=0, replays=0, on_exhausted="return"))
+    s.close()
+    assert set(done.values) == {"t1", "t2", "t3"}
+    rows = ledger_rows(target, "SELECT kind, status FROM attempts")
+    assert rows.count(("recheck", "partial")) == 1
 
 
 def test_a_live_run_after_a_validator_edit_leaves_the_jobs_prompts_to_it(srv):  # noqa: F811

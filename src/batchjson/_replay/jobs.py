@@ -52,8 +52,10 @@ class Alike(Protocol):
     def runner(self, row: Mapping[str, Any]) -> JobRunner | str:
         """A runner collecting job ``row`` by its revision's rules, or why none can here."""
 
-    async def rejudge(self, requests: Sequence[Request]) -> list[Request]:
-        """Of ``requests``, those a stored answer passes now, committed as rechecks."""
+    async def rejudge(self, requests: Sequence[Request],
+                      broken: list[dict[str, Any]]) -> list[Request]:
+        """Of ``requests``, those a stored answer passes now, committed as rechecks; a
+        validator crash ends it, added to ``broken``."""
 
 
 Windows = Callable[[], Iterable[Sequence[Request]]]  # a run's pending requests, anew each call
@@ -445,6 +447,9 @@ class JobRunner(Settle):
                 continue
             self.store.note_job(row["id"], note)
         gone = sorted(self.watched - {row["id"] for row in self._open_rows()})
+        if self.alike is not None and any(not self._keyed_here(self._row(job_id))
+                                          for job_id in gone):
+            self.rejudge_owed = True  # its answers are on record, whoever collected them
         for job_id in gone:
             if job_id not in self.cancelled_before and (
                     self._row(job_id)["status"] == "cancelled"):
@@ -484,23 +489,39 @@ class JobRunner(Settle):
         self.result.notes += runner.result.notes
         self.unreadable |= runner.unreadable & {row["id"]}  # no wait for it either
         if self._row(row["id"])["status"] not in OPEN_STATES:  # else looked at again later
-            self.rejudge_owed = True
             self.result.notes.append(f"{named(row)} asked what this run asks, under another "
-                                     "revision's rules: collected by those, its answers "
-                                     "re-judged by this run's")
+                                     "revision's rules: collected by those")
 
     async def _rejudge(self, windows: Iterable[Sequence[Request]]) -> None:
-        """This run's requests that no job holds and none accepted, re-judged on the answers
-        on record (a job of other rules just collected): what passes is accepted, free."""
-        assert self.alike is not None  # it is what collected such a job
-        self.rejudge_owed = False
+        """This run's requests that no job holds, none accepted and none answered in part,
+        re-judged on the answers on record (a job of other rules just ended, collected here or
+        elsewhere): what passes is accepted, free. A validator crash stops the run, as it does
+        at planning: nothing more is sent."""
+        assert self.alike is not None  # only a run given one watches such a job
+        self.rejudge_owed, resolved, broken = False, 0, []
         for window in windows:
             _, done, _ = self.store.job_window([r.key for r in window], self.plan.revision_id)
-            resolved = await self.alike.rejudge([r for r in window if r.key not in done])
-            for request in resolved:
-                self.outcome.taken_from_ledger += 1
+            free = [r for r in window if r.key not in done]
+            parted = self.store.attempts_so_far([r.key for r in free])[2]  # its parts are owed
+            for request in await self.alike.rejudge(
+                    [r for r in free if r.key not in parted], broken):
+                resolved += 1
                 if self.on_progress is not None:
                     self.on_progress(len(request.tasks))
+            if broken:
+                self._broken(broken[0])
+                break
+        if resolved:
+            self.result.notes.append(f"{resolved} request(s) resolved by re-judging the "
+                                     "answers of a job of another revision (no calls)")
+
+    def _broken(self, crash: Mapping[str, Any]) -> None:
+        """The validator crashed on a stored answer: the run sends nothing more."""
+        self.halted = self.halted or (
+            f"the validator failed while re-judging a stored return, so no further call was "
+            f"sent ({str(crash['message'])[:300]}); fix the validator and re-run")
+        self.outcome.stopped = self.outcome.stopped or self.halted
+        self.outcome.errors[crash["task_id"]] = [dict(crash)]
 
     async def _cancel_asked(self, row: Mapping[str, Any]) -> None:
         """A job a person asked to cancel while its writer was creating it (or released

@@ -275,12 +275,13 @@ class AlikeJobs:
     def runner(self, row: Any) -> JobRunner | str:
         return batches.collector(self.rt, row)
 
-    async def rejudge(self, requests: list[Request]) -> list[Request]:
+    async def rejudge(self, requests: list[Request],
+                      broken: list[dict[str, Any]]) -> list[Request]:
         store, keys, calls = self.rt.ledger.store, self.plan.keys, self.calls
         candidates = earlier_candidates(store, requests, seen_of={
             r.key: keys.seen_key(r.tasks_json) for r in requests}, sourceless_of={})
         apart = keys.apart if self.plan.spec.accept == "items" else None
-        passed = await self.judging.passing(candidates, None, apart) if candidates else []
+        passed = await self.judging.passing(candidates, broken, apart) if candidates else []
         if passed:
             store.commit_rechecks(calls.batch_id, calls.revision_id, passed, self.plan.source)
         return [request for request, _, _ in passed]
