@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from batchjson import BatchUnresolved, Budget, Session
-from batchjson._errors import ConfigError
+from batchjson._errors import ConfigError, LedgerError
 from batchjson._providers.pricing import cost_of
 from batchjson.testing import BatchFaults, LoopbackServer
 from batchjson.testing.simulated import FaultPlan, SimulatedModel
@@ -1092,3 +1092,35 @@ def test_a_collection_that_meets_another_hosts_write_is_recorded_once_when_run_a
     assert sorted(accepted_per_key(target).values()) == [1, 1, 1]
     assert ledger_rows(target, "SELECT status, COUNT(*) FROM jobs GROUP BY status") == [
         ("ended", 1)]
+
+
+def test_a_collection_that_is_never_recorded_charges_the_session_nothing(srv, monkeypatch,
+                                                                         tmp_path):
+    """A job's lines are charged to the session's budget once their transaction commits. Fault:
+    they were charged as they were judged, so a collection that deadlocked every time (nothing
+    recorded, the run stopped) and its re-run charged every line twice."""
+    target = tmp_path / "l.sqlite"
+    s = session(srv, target)
+    store = s.ledger.store
+
+    class Conflict(Exception):
+        pass
+
+    monkeypatch.setattr(type(store), "conflicts", (Conflict,))
+    end_job, met = store.end_job, []
+
+    def deadlocked_three_times(tx, *args, **kwargs):
+        ended = end_job(tx, *args, **kwargs)
+        if len(met) < 3:
+            met.append(1)
+            raise Conflict("deadlock detected")
+        return ended
+
+    monkeypatch.setattr(store, "end_job", deadlocked_three_times)
+    with pytest.raises(LedgerError):
+        s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    assert s.spent_cost == 0  # nothing recorded, nothing charged
+    assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True).resolved
+    [(paid,)] = ledger_rows(target, "SELECT SUM(cost) FROM attempts")
+    s.close()
+    assert paid > 0 and s.spent_cost == pytest.approx(paid)

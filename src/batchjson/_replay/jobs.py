@@ -92,6 +92,7 @@ class JobRunner(Settle):
         self.alike = alike
         self.rejudge_owed = False  # such a job was collected: re-judge before any submission
         self.own_rules: dict[int, bool] = {}  # revision id -> its requests keyed as this run's
+        self.charges: list[tuple[Any, ...]] | None = None  # a collection's, until it commits
         self.client, self.session_id, self.poll = client, session_id, poll
         self.where = ledger.where  # named by an error that must lead a person to the ledger
         self.reservations = reservations  # attempt id -> worst case this session reserved
@@ -574,23 +575,43 @@ class JobRunner(Settle):
             self.result.notes.append(f"{named(row)} failed as a whole: {whole}")
             if self.client.too_large(batch):
                 self.chunk = max(1, min(self.chunk, len(lines)) // 2)
-        writes = []
-        for attempt, got in self._lines(row, lines, outs, detail):
-            self.outcome.calls += 1
-            verdict, write = await self.settle(attempt, got)
-            done = verdict and attempt.request and (verdict.accepted or verdict.partial)
-            if done and self.on_progress:
-                self.on_progress(len(verdict.stored if verdict.partial else attempt.request.tasks))
-            writes.append(write)
-        store, status = self.store, detail["provider_status"]
+        writes, popped = [], {}  # the session's reservations of its lines, taken here
+        self.charges = []
+        try:
+            for attempt, got in self._lines(row, lines, outs, detail):
+                if attempt.reserved is not None:
+                    popped[attempt.id] = attempt.reserved
+                self.outcome.calls += 1
+                verdict, write = await self.settle(attempt, got)
+                done = verdict and attempt.request and (verdict.accepted or verdict.partial)
+                if done and self.on_progress:
+                    self.on_progress(len(verdict.stored if verdict.partial
+                                         else attempt.request.tasks))
+                writes.append(write)
+            store, status = self.store, detail["provider_status"]
 
-        def end(tx: Any) -> None:
-            if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else "ended",
-                             detail):
-                for write in writes:
-                    write(tx)
+            def end(tx: Any) -> None:
+                if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else
+                                 "ended", detail):
+                    for write in writes:
+                        write(tx)
 
-        committed(store, end)
+            committed(store, end)
+        except BaseException:  # nothing recorded: the next collection settles them, once
+            self.reservations.update(popped)
+            raise
+        finally:
+            charges, self.charges = self.charges, None
+        for charge in charges:
+            Settle.charge(self, *charge)
+
+    def charge(self, reserved: float | None, cost: float | None,
+               usage: Mapping[str, Any]) -> None:
+        """While a job is collected, its lines are charged once its transaction has committed."""
+        if self.charges is None:
+            return super().charge(reserved, cost, usage)
+        self.charges.append((reserved, cost, usage))
+        return None
 
     def _lines(self, row: Mapping[str, Any], lines: Mapping[str, Mapping[str, Any]],
                outs: Iterable[Any], detail: dict[str, Any]
