@@ -603,15 +603,15 @@ class JobRunner(Settle):
         finally:
             charges, self.charges = self.charges, None
         for charge in charges:
-            Settle.charge(self, *charge)
+            super().charge(*charge)
 
     def charge(self, reserved: float | None, cost: float | None,
                usage: Mapping[str, Any]) -> None:
         """While a job is collected, its lines are charged once its transaction has committed."""
-        if self.charges is None:
-            return super().charge(reserved, cost, usage)
-        self.charges.append((reserved, cost, usage))
-        return None
+        if self.charges is not None:
+            self.charges.append((reserved, cost, usage))
+        else:
+            super().charge(reserved, cost, usage)
 
     def _lines(self, row: Mapping[str, Any], lines: Mapping[str, Mapping[str, Any]],
                outs: Iterable[Any], detail: dict[str, Any]

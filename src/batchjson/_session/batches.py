@@ -312,7 +312,6 @@ def collector(rt: Runtime, row: Mapping[str, Any], plan: Plan | None = None
               ) -> JobRunner | str:
     """A runner collecting job ``row`` by its own revision's rules (``plan``, else read as
     :func:`job_plan` does), or why this kernel cannot judge its lines."""
-    why = ""
     if plan is None:
         plan, why = job_plan(rt, row)
         if plan is None:
