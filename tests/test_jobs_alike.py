@@ -5,6 +5,8 @@ re-judged by the new ones, for free; only what they reject is asked again."""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import os
 import subprocess
 import sys
@@ -12,6 +14,8 @@ import textwrap
 import threading
 import time
 from typing import Any
+
+import pytest
 
 from batchjson import Budget
 from batchjson.testing import LoopbackServer
@@ -249,3 +253,81 @@ def test_a_job_whose_validator_this_kernel_lacks_keeps_its_prompts_and_says_how_
         assert result.status == "pending" and server.batches.created == 1  # never re-asked
         [note] = [n for n in result.notes if "under another revision's rules" in n]
         assert "not registered in this kernel" in note and "batchjson cancel 1" in note
+
+
+def test_a_person_cancelling_the_earlier_revisions_job_stops_its_requests_for_this_run(
+        tmp_path):
+    """As for a job of the run's own revision, a person's cancel is not undone by the run.
+    Fault: the run noted the cancel, then submitted the job's three prompts in a new job."""
+    from batchjson._cli import main
+
+    target = tmp_path / "l.sqlite"
+    with LoopbackServer() as server:
+        server.batches.delay = 1.0
+        s = session(server, target)
+        assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                           validator=lenient).status == "pending"
+        out: list[Any] = []
+        waiting = threading.Thread(target=lambda: out.append(s.run_batch(
+            "labels", tasks(3), SCHEMA, transport="batch", validator=labelled, wait=True,
+            on_exhausted="return")))
+        waiting.start()
+        time.sleep(0.3)
+        os.environ.setdefault("OPENAI_API_KEY", "sk-test")
+        assert main(["cancel", "1", "--ledger", str(target)], io.StringIO()) == 0
+        waiting.join(30)
+        s.close()
+    [done] = out
+    assert server.batches.created == 1 and not done.values
+    assert any("was cancelled while this run watched it" in note for note in done.notes)
+
+
+def test_an_overrun_in_the_earlier_jobs_answers_is_said_by_the_run(srv, tmp_path,  # noqa: F811
+                                                                   monkeypatch):
+    """Fault: the runner collecting the earlier job by its own rules found a line billed beyond
+    its reservation (the budget stopped), but the run's result never said why."""
+    from batchjson._replay.settle import Settle
+
+    s = session(srv, tmp_path / "l.sqlite", budget=Budget(cost=1.0),
+                extra_body={"max_completion_tokens": 50})
+    assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                       validator=lenient).status == "pending"
+    time.sleep(0.4)
+    monkeypatch.setattr(Settle, "cost", lambda self, reply: 0.05)  # beyond the worst case
+    done = within(20, lambda: s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                                          validator=strict_on_t0, wait=True,
+                                          on_exhausted="return"))
+    s.close()
+    assert srv.batches.created == 1  # t0's repair is not sent: the budget stopped
+    assert any(note.startswith("calls billed beyond") for note in done.notes)
+
+
+async def slowly_lenient(item: dict, task: dict) -> None:
+    await asyncio.sleep(0.3)  # two collections of one job interleave
+
+
+@pytest.mark.parametrize("sessions", [1, 2])
+def test_a_job_two_runs_collect_at_once_is_charged_once(srv, tmp_path, sessions):  # noqa: F811
+    """The run that ends a job second records nothing. Fault: it charged every line all the
+    same, so the session's (or the two sessions') spend counted the job twice."""
+    target = tmp_path / "l.sqlite"
+    runners = [session(srv, target) for _ in range(sessions)] * (3 - sessions)
+    assert runners[0].run_batch("labels", tasks(3), SCHEMA, transport="batch",
+                                validator=slowly_lenient).status == "pending"
+    time.sleep(0.4)
+    out: list[Any] = []
+    runs = [threading.Thread(target=lambda s=s: out.append(s.run_batch(
+        "labels", tasks(3), SCHEMA, transport="batch", validator=slowly_lenient, wait=True)))
+        for s in runners]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(30)
+    [(paid,)] = ledger_rows(target, "SELECT SUM(cost) FROM attempts")
+    spent = {id(s): (s.spent_calls, s.spent_cost) for s in runners}
+    for s in set(runners):
+        s.close()
+    assert len(out) == 2 and all(result.resolved for result in out)
+    assert srv.batches.created == 1
+    assert sum(calls for calls, _ in spent.values()) == 3
+    assert sum(cost for _, cost in spent.values()) == pytest.approx(paid)

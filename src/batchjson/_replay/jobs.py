@@ -93,6 +93,8 @@ class JobRunner(Settle):
         self.rejudge_owed = False  # such a job was collected: re-judge before any submission
         self.own_rules: dict[int, bool] = {}  # revision id -> its requests keyed as this run's
         self.charges: list[tuple[Any, ...]] | None = None  # a collection's, until it commits
+        self.held_alike: dict[str, int] = {}  # request key -> the job of other rules holding it
+        self.job_rows: dict[int, Any] = {}  # the jobs it met, as first read
         self.client, self.session_id, self.poll = client, session_id, poll
         self.where = ledger.where  # named by an error that must lead a person to the ledger
         self.reservations = reservations  # attempt id -> worst case this session reserved
@@ -161,7 +163,10 @@ class JobRunner(Settle):
             [r.key for r in window] + [r.parent_key for r in window if r.parent_key is not None],
             self.plan.revision_id)
         self.watched.update(holders.values())
-        free = [r for r in window if r.key not in done]
+        self.held_alike.update((key, job) for key, job in holders.items()
+                               if not self._keyed_here(self._job_row(job)))
+        free = [r for r in window if r.key not in done
+                and self.held_alike.get(r.key) not in self.stopped]  # owed to the next run
         tried, stopped, parted = self.store.attempts_so_far([r.key for r in free])
         if parted:  # accepted in part before (another revision, a batch): its parts instead
             free = self._apart(free, parted)
@@ -460,6 +465,11 @@ class JobRunner(Settle):
                     "requests is sent again by this run; the next run you start owes them")
         return [job_id for job_id in gone if job_id not in self.stopped]
 
+    def _job_row(self, job_id: int) -> Any:
+        if job_id not in self.job_rows:
+            self.job_rows[job_id] = self._row(job_id)
+        return self.job_rows[job_id]
+
     def _keyed_here(self, row: Mapping[str, Any]) -> bool:
         """Whether job ``row``'s requests were keyed by this run's rules (its revision's, or one
         differing only in its tasks), so that this run judges its lines."""
@@ -487,8 +497,11 @@ class JobRunner(Settle):
             return
         runner.watched = {row["id"]}
         await runner._collect_ended()
-        self.result.notes += runner.result.notes
+        self.result.notes += [n for n in runner.result.notes if n not in self.result.notes]
         self.unreadable |= runner.unreadable & {row["id"]}  # no wait for it either
+        if runner.outcome.overrun:  # a line billed beyond its reservation: the budget stops
+            self.outcome.overrun += runner.outcome.overrun
+            self.outcome.stopped = self.outcome.stopped or runner.spender.stopped
         if self._row(row["id"])["status"] not in OPEN_STATES:  # else looked at again later
             self.result.notes.append(f"{named(row)} asked what this run asks, under another "
                                      "revision's rules: collected by those")
@@ -589,12 +602,13 @@ class JobRunner(Settle):
                                          else attempt.request.tasks))
                 writes.append(write)
             store, status = self.store, detail["provider_status"]
+            recorded = [False]
 
             def end(tx: Any) -> None:
-                if store.end_job(tx, row["id"], "cancelled" if status == "cancelled" else
-                                 "ended", detail):
-                    for write in writes:
-                        write(tx)
+                recorded[0] = store.end_job(tx, row["id"], "cancelled" if status == "cancelled"
+                                            else "ended", detail)
+                for write in writes if recorded[0] else ():
+                    write(tx)
 
             committed(store, end)
         except BaseException:  # nothing recorded: the next collection settles them, once
@@ -602,8 +616,11 @@ class JobRunner(Settle):
             raise
         finally:
             charges, self.charges = self.charges, None
-        for charge in charges:
-            super().charge(*charge)
+        for reserved, cost, usage in charges:
+            if recorded[0]:
+                super().charge(reserved, cost, usage)
+            elif reserved is not None:  # recorded and charged by the runner that ended it first
+                self.spender.release(reserved)
 
     def charge(self, reserved: float | None, cost: float | None,
                usage: Mapping[str, Any]) -> None:
