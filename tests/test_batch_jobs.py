@@ -1062,13 +1062,9 @@ def test_a_job_answered_another_way_is_collected_by_a_run_that_sends_the_rest(sr
     s.close()
 
 
-def test_a_collection_that_meets_another_hosts_write_is_recorded_once_when_run_again(
-        srv, monkeypatch, tmp_path):
-    """Collecting a job completes its receipts and ends it in one transaction; on PostgreSQL
-    another host's write can pick it as a deadlock's victim. Fault: psycopg's own error left the
-    run, the job's paid answers unrecorded, though running the transaction again commits it."""
-    target = tmp_path / "l.sqlite"
-    s = session(srv, target)
+def deadlocking_collections(s: Session, monkeypatch: Any, *, times: int) -> list[int]:
+    """The session's store ending a job as a deadlock's victim the first ``times`` times (as
+    PostgreSQL can pick it, against another host's write): how often it did, as it happens."""
     store = s.ledger.store
 
     class Conflict(Exception):
@@ -1077,14 +1073,25 @@ def test_a_collection_that_meets_another_hosts_write_is_recorded_once_when_run_a
     monkeypatch.setattr(type(store), "conflicts", (Conflict,))
     end_job, met = store.end_job, []
 
-    def deadlocked_once(tx, *args, **kwargs):
+    def deadlocked(tx: Any, *args: Any, **kwargs: Any) -> bool:
         ended = end_job(tx, *args, **kwargs)
-        if not met:
+        if len(met) < times:
             met.append(1)
             raise Conflict("deadlock detected")
         return ended
 
-    monkeypatch.setattr(store, "end_job", deadlocked_once)
+    monkeypatch.setattr(store, "end_job", deadlocked)
+    return met
+
+
+def test_a_collection_that_meets_another_hosts_write_is_recorded_once_when_run_again(
+        srv, monkeypatch, tmp_path):
+    """Collecting a job completes its receipts and ends it in one transaction; on PostgreSQL
+    another host's write can pick it as a deadlock's victim. Fault: psycopg's own error left the
+    run, the job's paid answers unrecorded, though running the transaction again commits it."""
+    target = tmp_path / "l.sqlite"
+    s = session(srv, target)
+    met = deadlocking_collections(s, monkeypatch, times=1)
     result = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
     s.close()
     assert met and result.resolved and len(result.values) == 3
@@ -1101,22 +1108,7 @@ def test_a_collection_that_is_never_recorded_charges_the_session_nothing(srv, mo
     recorded, the run stopped) and its re-run charged every line twice."""
     target = tmp_path / "l.sqlite"
     s = session(srv, target)
-    store = s.ledger.store
-
-    class Conflict(Exception):
-        pass
-
-    monkeypatch.setattr(type(store), "conflicts", (Conflict,))
-    end_job, met = store.end_job, []
-
-    def deadlocked_three_times(tx, *args, **kwargs):
-        ended = end_job(tx, *args, **kwargs)
-        if len(met) < 3:
-            met.append(1)
-            raise Conflict("deadlock detected")
-        return ended
-
-    monkeypatch.setattr(store, "end_job", deadlocked_three_times)
+    deadlocking_collections(s, monkeypatch, times=3)
     with pytest.raises(LedgerError):
         s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
     assert s.spent_cost == 0  # nothing recorded, nothing charged

@@ -109,18 +109,22 @@ def test_after_the_ledger_fails_a_queued_write_is_reported_not_dropped():
         writes.raise_failures()
 
 
+class Conflict(Exception):
+    """A database's word that a write met another's at that moment (a deadlock)."""
+
+
+def _conflicting(monkeypatch: pytest.MonkeyPatch) -> tuple[Store, GroupCommit, list[int]]:
+    """A store whose conflicts are :class:`Conflict`, its group commit, and a list of tries."""
+    store = _ledger_with_table()
+    monkeypatch.setattr(type(store), "conflicts", (Conflict,))
+    return store, GroupCommit(store), []
+
+
 def test_a_write_that_fails_alone_for_meeting_another_hosts_write_is_run_again(monkeypatch):
     """A deadlock on PostgreSQL can pick the same write as its victim when it runs alone after
     its group failed. Fault: that write reported failed (a paid answer left unrecorded) though
     running it again commits it."""
-    store = _ledger_with_table()
-    writes = GroupCommit(store)
-
-    class Conflict(Exception):
-        pass
-
-    monkeypatch.setattr(type(store), "conflicts", (Conflict,))
-    tries = []
+    store, writes, tries = _conflicting(monkeypatch)
 
     def deadlocked_twice(db):
         tries.append(1)
@@ -143,14 +147,7 @@ def test_a_write_that_keeps_meeting_other_hosts_writes_stops_the_run_with_a_ledg
         monkeypatch):
     """Fault: after its tries the database's own exception (psycopg's) reached the caller and
     left the public API; a write never recorded must stop the run as a failed ledger does."""
-    store = _ledger_with_table()
-    writes = GroupCommit(store)
-
-    class Conflict(Exception):
-        pass
-
-    monkeypatch.setattr(type(store), "conflicts", (Conflict,))
-    tries = []
+    store, writes, tries = _conflicting(monkeypatch)
 
     def always_deadlocked(db):
         tries.append(1)

@@ -37,6 +37,14 @@ def labelled(item: dict, task: dict) -> None:
         raise ValueError("an empty label")
 
 
+def in_background(work: Any) -> tuple[threading.Thread, list[Any]]:
+    """``work()`` started on a thread of its own: the thread, and the list its result joins."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(work()))
+    thread.start()
+    return thread, out
+
+
 def paid_receipts(target: Any) -> int:
     return ledger_rows(target, "SELECT COUNT(*) FROM attempts WHERE kind != 'recheck'")[0][0]
 
@@ -154,11 +162,9 @@ def test_a_waiting_run_re_judges_the_earlier_jobs_answers_when_its_own_revision_
                              validator=lenient).status == "pending"
     edited = session(srv, target)
     edited.job_poll = 1.5  # the earlier revision's own run collects the job first
-    out: list[Any] = []
-    waiting = threading.Thread(target=lambda: out.append(edited.run_batch(
+    waiting, out = in_background(lambda: edited.run_batch(
         "labels", tasks(6), SCHEMA, transport="batch", validator=labelled, wait=True,
-        on_exhausted="return")))
-    waiting.start()
+        on_exhausted="return"))
     time.sleep(0.05)
     assert earlier.run_batch("labels", tasks(3), SCHEMA, transport="batch", validator=lenient,
                              wait=True).resolved
@@ -267,11 +273,9 @@ def test_a_person_cancelling_the_earlier_revisions_job_stops_its_requests_for_th
         s = session(server, target)
         assert s.run_batch("labels", tasks(3), SCHEMA, transport="batch",
                            validator=lenient).status == "pending"
-        out: list[Any] = []
-        waiting = threading.Thread(target=lambda: out.append(s.run_batch(
+        waiting, out = in_background(lambda: s.run_batch(
             "labels", tasks(3), SCHEMA, transport="batch", validator=labelled, wait=True,
-            on_exhausted="return")))
-        waiting.start()
+            on_exhausted="return"))
         time.sleep(0.3)
         os.environ.setdefault("OPENAI_API_KEY", "sk-test")
         assert main(["cancel", "1", "--ledger", str(target)], io.StringIO()) == 0
@@ -315,14 +319,12 @@ def test_a_job_two_runs_collect_at_once_is_charged_once(srv, tmp_path, sessions)
     assert runners[0].run_batch("labels", tasks(3), SCHEMA, transport="batch",
                                 validator=slowly_lenient).status == "pending"
     time.sleep(0.4)
-    out: list[Any] = []
-    runs = [threading.Thread(target=lambda s=s: out.append(s.run_batch(
-        "labels", tasks(3), SCHEMA, transport="batch", validator=slowly_lenient, wait=True)))
+    runs = [in_background(lambda s=s: s.run_batch(
+        "labels", tasks(3), SCHEMA, transport="batch", validator=slowly_lenient, wait=True))
         for s in runners]
-    for run in runs:
-        run.start()
-    for run in runs:
+    for run, _ in runs:
         run.join(30)
+    out = [result for _, results in runs for result in results]
     [(paid,)] = ledger_rows(target, "SELECT SUM(cost) FROM attempts")
     spent = {id(s): (s.spent_calls, s.spent_cost) for s in runners}
     for s in set(runners):
