@@ -333,3 +333,53 @@ def test_a_job_two_runs_collect_at_once_is_charged_once(srv, tmp_path, sessions)
     assert srv.batches.created == 1
     assert sum(calls for calls, _ in spent.values()) == 3
     assert sum(cost for _, cost in spent.values()) == pytest.approx(paid)
+
+
+def test_a_job_another_session_collected_frees_this_sessions_reservations(srv, tmp_path):  # noqa: F811
+    """Fault: the session that submitted a job kept its lines' worst cases reserved for ever
+    once another session collected it: its cost budget shrank for good, and the two sessions
+    counted six calls for three."""
+    target = tmp_path / "l.sqlite"
+    a = session(srv, target, budget=Budget(cost=1.0), extra_body={"max_completion_tokens": 50})
+    assert a.run_batch("labels", tasks(3), SCHEMA, transport="batch").status == "pending"
+    assert a.tally.reserved > 0 and a.spent_calls == 3
+    time.sleep(0.4)
+    b = session(srv, target, extra_body={"max_completion_tokens": 50})
+    assert b.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True).resolved
+    assert a.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True).resolved
+    counted = a.spent_calls + b.spent_calls
+    a.close()
+    b.close()
+    assert a.tally.reserved == pytest.approx(0.0) and counted == 3
+
+
+def test_a_run_that_lost_the_race_to_end_a_job_keeps_to_its_max_calls(srv, tmp_path,  # noqa: F811
+                                                                      monkeypatch):
+    """Another session ends the job between this run's look at it and its own end. Fault: this
+    run released the lines' reservations through its own counts, which never held them, so
+    its max_calls=1 allowed three new calls."""
+    import dataclasses
+
+    from batchjson._replay.budget import Tally
+    from batchjson._replay.jobs import JobRunner
+    from batchjson._session.batches import collector
+
+    target = tmp_path / "l.sqlite"
+    a = session(srv, target)
+    assert a.run_batch("labels", tasks(3), SCHEMA, transport="batch").status == "pending"
+    time.sleep(0.4)
+    other = dataclasses.replace(a.runtime(), job_reservations={}, tally=Tally())
+    collect, raced = JobRunner._collect, []
+
+    async def another_session_first(self, row, batch, detail):
+        if not raced:
+            raced.append(row["id"])
+            await collect(collector(other, row), row, batch, dict(detail))
+        await collect(self, row, batch, detail)
+
+    monkeypatch.setattr(JobRunner, "_collect", another_session_first)
+    a.run_batch("labels", tasks(6), SCHEMA, transport="batch", wait=True, max_calls=1,
+                on_exhausted="return")
+    a.close()
+    [(sent,)] = ledger_rows(target, "SELECT COUNT(*) FROM job_lines WHERE job_id > 1")
+    assert raced and sent <= 1

@@ -96,6 +96,13 @@ class Tally:
     unbounded: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def forgo(self, reserved: float) -> None:
+        """A job line this session reserved that another runner recorded and charged: held no
+        more (a run's own counts never held it: it was reserved by the run that submitted)."""
+        with self.lock:
+            self.calls -= 1
+            self.reserved -= reserved
+
 
 def charge_of(reserved: float, cost: float | None) -> float:
     """What a settled call is charged: its cost, or its worst case when that is unknown."""
@@ -214,6 +221,12 @@ class Spender:
             self.outstanding -= 1
             self._tally.calls -= 1
             self._tally.reserved -= reserved
+        if self.on_settle is not None:
+            self.on_settle()
+
+    def forgo(self, reserved: float) -> None:
+        """:meth:`Tally.forgo` of the session's tally."""
+        self._tally.forgo(reserved)
         if self.on_settle is not None:
             self.on_settle()
 

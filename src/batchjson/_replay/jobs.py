@@ -620,7 +620,7 @@ class JobRunner(Settle):
             if recorded[0]:
                 super().charge(reserved, cost, usage)
             elif reserved is not None:  # recorded and charged by the runner that ended it first
-                self.spender.release(reserved)
+                self.spender.forgo(reserved)
 
     def charge(self, reserved: float | None, cost: float | None,
                usage: Mapping[str, Any]) -> None:

@@ -254,6 +254,20 @@ def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
             "jobs": pending_jobs(rt.ledger, name)}
 
 
+def forgo_ended_elsewhere(rt: Runtime) -> None:
+    """The session's reservations of job lines no open job holds any more: those jobs ended
+    and were recorded, and charged, by another session (this one's collections took theirs)."""
+    reserved = list(rt.job_reservations)  # before the jobs are read: a job recorded later
+    if not reserved:  # (by a run on another thread) keeps its own
+        return
+    store = rt.ledger.store
+    held = {line["attempt_id"] for row in store.jobs() for line in store.job_lines(row["id"])}
+    for attempt_id in reserved:
+        worst = None if attempt_id in held else rt.job_reservations.pop(attempt_id, None)
+        if worst is not None:  # (else a collection here took it meanwhile)
+            rt.tally.forgo(worst)
+
+
 def collect_ended(rt: Runtime, name: str | None = None) -> list[str]:
     """Collect every ended job (of batch ``name``) this kernel can judge; a line for each."""
     store = rt.ledger.store
