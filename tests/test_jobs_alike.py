@@ -383,3 +383,65 @@ def test_a_run_that_lost_the_race_to_end_a_job_keeps_to_its_max_calls(srv, tmp_p
     a.close()
     [(sent,)] = ledger_rows(target, "SELECT COUNT(*) FROM job_lines WHERE job_id > 1")
     assert raced and sent <= 1
+
+
+def test_a_job_cancelled_while_uncertain_stays_counted_in_the_session(srv, tmp_path,  # noqa: F811
+                                                                      monkeypatch):
+    """The provider created the job but its answer was lost (uncertain); a person cancelled it.
+    The ledger keeps its lines as possibly billed. Fault: the session's next run freed their
+    reservations as if another session had charged them, and its calls budget sent them
+    again."""
+    from batchjson._cli import main
+    from batchjson._errors import ProviderError
+    from batchjson._providers.openai import OpenAIBatches
+
+    srv.batches.delay = 5.0
+    create, find = OpenAIBatches.create, OpenAIBatches.find
+
+    async def answer_lost(self: Any, file_id: str, metadata: Any) -> Any:
+        await create(self, file_id, metadata)  # created at the provider, billed
+        raise ProviderError("connection reset after the request was sent")
+
+    async def not_listed(self: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    monkeypatch.setattr(OpenAIBatches, "create", answer_lost)
+    monkeypatch.setattr(OpenAIBatches, "find", not_listed)
+    target = tmp_path / "l.sqlite"
+    s = session(srv, target, budget=Budget(calls=3), extra_body={"max_completion_tokens": 50})
+    first = s.run_batch("labels", tasks(3), SCHEMA, transport="batch", on_exhausted="return")
+    assert [job["status"] for job in first.jobs] == ["uncertain"]
+    monkeypatch.setattr(OpenAIBatches, "create", create)
+    monkeypatch.setattr(OpenAIBatches, "find", find)
+    os.environ.setdefault("OPENAI_API_KEY", "sk-test")
+    assert main(["cancel", "1", "--ledger", str(target)], io.StringIO()) == 0
+    srv.batches.delay = 0.1
+    with pytest.raises(Exception, match="budget"):  # its three calls are spent already
+        s.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True)
+    calls, reserved = s.spent_calls, s.tally.reserved
+    s.close()
+    assert srv.batches.created == 1 and calls == 3 and reserved == pytest.approx(0.0)
+
+
+def test_an_estimate_sees_the_budget_a_job_another_session_collected_left(srv, tmp_path):  # noqa: F811
+    """Fault: the estimate still counted the job's worst cases as held, and said the budget
+    would not suffice for a run that then resolved."""
+    probe = session(srv, tmp_path / "probe.sqlite", budget=Budget(cost=1.0),
+                    extra_body={"max_completion_tokens": 50})
+    probe.run_batch("labels", tasks(3), SCHEMA, transport="batch")  # three lines' worst case
+    held = probe.tally.reserved
+    probe.close()
+    target = tmp_path / "l.sqlite"
+    a = session(srv, target, budget=Budget(cost=held * 1.5),
+                extra_body={"max_completion_tokens": 50})
+    assert a.run_batch("labels", tasks(3), SCHEMA, transport="batch").status == "pending"
+    time.sleep(0.4)
+    b = session(srv, target, extra_body={"max_completion_tokens": 50})
+    assert b.run_batch("labels", tasks(3), SCHEMA, transport="batch", wait=True).resolved
+    b.close()
+    other = [dict(t, task_id=f"u{t['task_id']}", prompt=t["prompt"] + " again")
+             for t in tasks(3)]
+    estimate = a.estimate("labels2", other, SCHEMA, transport="batch")
+    done = a.run_batch("labels2", other, SCHEMA, transport="batch", wait=True)
+    a.close()
+    assert estimate.budget_suffices and done.resolved

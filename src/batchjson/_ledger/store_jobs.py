@@ -24,6 +24,9 @@ def _job_owner(uid: str) -> Owner:
 
 _JOBS_OF_CLAIMS = (f"JOIN jobs j ON c.owner = '{_job_owner('').id}' || j.uid AND j.status IN "
                    f"{OPEN_STATES}")
+JOB_LINES_SQL = ("SELECT l.custom_id, l.attempt_id, l.request_key, l.wrapped, l.reserved, "
+                 "a.kind, a.sent_at, a.status FROM job_lines l JOIN attempts a ON a.id = "
+                 "l.attempt_id WHERE {where} ORDER BY l.attempt_id")
 ANY_JOB_OPEN_SQL = f"SELECT 1 FROM jobs WHERE status IN {OPEN_STATES} LIMIT 1"
 # Requests an unfinished job claims; then those whose model sees what such a request's saw
 HELD_SQL = (f"SELECT c.request_key, j.id FROM claims c {_JOBS_OF_CLAIMS} "
@@ -206,11 +209,13 @@ class JobStore(CallStore):
             sql += f" WHERE j.status IN {OPEN_STATES}"
         return self._read(sql + " ORDER BY j.id DESC")
 
-    def job_lines(self, job_id: int) -> list[Row]:
-        return self._read("SELECT l.custom_id, l.attempt_id, l.request_key, l.wrapped, "
-                          "l.reserved, a.kind, a.sent_at, a.status FROM job_lines l JOIN "
-                          "attempts a ON a.id = l.attempt_id WHERE l.job_id = ? ORDER BY "
-                          "l.attempt_id", (job_id,))
+    def job_lines(self, job_id: int | None = None, *, attempts: Sequence[int] = ()
+                  ) -> list[Row]:
+        """A job's lines with their receipts as they stand; or, by ``attempts``, those lines."""
+        if job_id is None:
+            return self._by_keys(JOB_LINES_SQL.format(where="l.attempt_id IN ({marks})"),
+                                 list(attempts))
+        return self._read(JOB_LINES_SQL.format(where="l.job_id = ?"), (job_id,))
 
     def job_window(self, keys: Sequence[str], revision_id: int
                    ) -> tuple[dict[str, int], set[str], dict[str, list[Row]]]:

@@ -103,6 +103,14 @@ class Tally:
             self.calls -= 1
             self.reserved -= reserved
 
+    def keep(self, reserved: float) -> None:
+        """A job line this session reserved whose answer never came but may be billed (its job
+        cancelled while uncertain): charged its worst case, as the ledger keeps it."""
+        with self.lock:
+            self.reserved -= reserved
+            self.cost += reserved
+            self.settled += 1
+
 
 def charge_of(reserved: float, cost: float | None) -> float:
     """What a settled call is charged: its cost, or its worst case when that is unknown."""

@@ -255,21 +255,25 @@ def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
 
 
 def forgo_ended_elsewhere(rt: Runtime) -> None:
-    """The session's reservations of job lines no open job holds any more: those jobs ended
-    and were recorded, and charged, by another session (this one's collections took theirs)."""
-    reserved = list(rt.job_reservations)  # before the jobs are read: a job recorded later
-    if not reserved:  # (by a run on another thread) keeps its own
+    """The session's reservations of job lines another session has since recorded (collected,
+    or cancelled unsent): charged there, held here no more; a line of a job cancelled while
+    uncertain, possibly billed, is charged its worst case, as the ledger keeps it."""
+    reserved = list(rt.job_reservations)  # (a line recorded later by a run on another thread
+    if not reserved:  # is not among them: it keeps its own)
         return
-    store = rt.ledger.store
-    held = {line["attempt_id"] for row in store.jobs() for line in store.job_lines(row["id"])}
-    for attempt_id in reserved:
-        worst = None if attempt_id in held else rt.job_reservations.pop(attempt_id, None)
-        if worst is not None:  # (else a collection here took it meanwhile)
+    for line in rt.ledger.store.job_lines(attempts=reserved):
+        status = line["status"]
+        worst = None if status == "in_flight" else rt.job_reservations.pop(
+            line["attempt_id"], None)  # (None: a collection here took it meanwhile)
+        if worst is not None and status == "cancelled" and line["sent_at"] is not None:
+            rt.tally.keep(worst)
+        elif worst is not None:
             rt.tally.forgo(worst)
 
 
 def collect_ended(rt: Runtime, name: str | None = None) -> list[str]:
     """Collect every ended job (of batch ``name``) this kernel can judge; a line for each."""
+    forgo_ended_elsewhere(rt)
     store = rt.ledger.store
     said = []
     for row in store.jobs(lost=True):

@@ -123,6 +123,7 @@ class _Case:
 
 def estimate_run(rt: Runtime, spec: RunSpec) -> Estimate:
     """The estimate of ``spec``: every input check the run makes, then its plan and calls."""
+    batches.forgo_ended_elsewhere(rt)  # the budget as the run would find it
     plan = plan_of(rt, spec, Progress(spec.name, False, rt.budget, rt.tally), record=False)
     pending = () if plan.finished is not None else plan.pending  # re-read a window at a time
     calls, low, high = calls_of(rt, plan), _Case(), _Case()

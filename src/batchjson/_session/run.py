@@ -33,8 +33,8 @@ READING_DELAY = 0.5  # seconds of reading before its count shows: a quick refusa
 def run_spec(rt: Runtime, spec: RunSpec) -> BatchResult:
     """Resolve every task of ``spec`` or say exactly what is still owed."""
     progress = Progress(spec.name, spec.progress, rt.budget, rt.tally)
-    batches.forgo_ended_elsewhere(rt)
     try:
+        batches.forgo_ended_elsewhere(rt)
         result = _resolved(rt, spec, progress)
     except BaseException:
         progress.end(None)
