@@ -104,8 +104,9 @@ def test_four_hosts_divide_one_batch_pay_each_request_once_and_all_return_it_who
     # each host takes its own share of the requests first: they rarely ask for the same one, so
     # few receipts are written only to be refused their claim (and deleted). Walking the
     # requests in one order, every host asked for each in turn: about 1,500 for 2,000 requests
+    # (45-75 on a quiet machine now, about 200 beside a loaded test run)
     [(refused,)] = ledger_rows(url, "SELECT MAX(id) - COUNT(*) FROM attempts")
-    assert refused < TASKS // 10
+    assert refused < TASKS // 4, refused
 
 
 def test_a_host_killed_mid_run_has_its_claims_taken_over_after_the_lease_and_its_calls_counted(
