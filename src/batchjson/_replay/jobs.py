@@ -453,7 +453,7 @@ class JobRunner(Settle):
                 continue
             self.store.note_job(row["id"], note)
         gone = sorted(self.watched - {row["id"] for row in self._open_rows()})
-        if self.alike is not None and any(not self._keyed_here(self._row(job_id))
+        if self.alike is not None and any(not self._keyed_here(self._job_row(job_id))
                                           for job_id in gone):
             self.rejudge_owed = True  # its answers are on record, whoever collected them
         for job_id in gone:
@@ -466,6 +466,7 @@ class JobRunner(Settle):
         return [job_id for job_id in gone if job_id not in self.stopped]
 
     def _job_row(self, job_id: int) -> Any:
+        """Job ``job_id`` as first read (what it was recorded for does not change)."""
         if job_id not in self.job_rows:
             self.job_rows[job_id] = self._row(job_id)
         return self.job_rows[job_id]
