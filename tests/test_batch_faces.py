@@ -154,3 +154,22 @@ def test_batch_status_collects_a_job_without_a_validator_from_the_schema_on_reco
     view = status_here(ip, srv, tmp_path / "l.sqlite")
     assert "ended: collected 2 line(s), 2 accepted" in repr(view)
     assert view["unresolved_requests"] == 0
+
+
+def test_a_cell_whose_validator_is_edited_while_its_job_runs_pays_for_its_prompts_once(ip, srv):
+    """The cell's inline validator is edited and the cell run again while its job is pending:
+    the same prompts are not submitted again; once the job ends, re-running the cell collects
+    it by the first validator and judges its answers by the edited one, free."""
+    ok(ip, "%load_ext batchjson")
+    ip.user_ns["model"] = openai(srv)
+    ok(ip, "%config BatchJson.provider = model")
+    line = "%%batch_json labels --transport batch --validator has_verdict"
+    ok(ip, f"{line}\n{VALIDATED}")
+    assert ip.user_ns["labels"].status == "pending"
+    edited = VALIDATED.replace('"an empty verdict"', '"say what the verdict is"')
+    ok(ip, f"{line}\n{edited}")  # run again at once: the first job still holds the prompts
+    assert ip.user_ns["labels"].status == "pending" and srv.batches.created == 1
+    time.sleep(0.3)
+    ok(ip, f"{line}\n{edited}")
+    assert ip.user_ns["labels"].resolved and len(ip.user_ns["labels"].values) == 3
+    assert srv.batches.created == 1 and srv.batches.lines_answered.total() == 3

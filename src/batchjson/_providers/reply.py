@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,15 +51,8 @@ def received(out: Any, output_cap: int | None = None) -> Reply:
                             "Reply(text=...) or the raw text as a str", retryable=False)
     given = getattr(out, "extra", None)
     extra, odd = (dict(given), {}) if isinstance(given, dict) else ({}, {"extra": repr(given)[:80]})
-    counts = {}
-    for name, reader in _USAGE:
-        value = getattr(out, name, None)
-        counts[name] = reader(value)
-        if counts[name] is None and value is not None:
-            odd[name] = repr(value)[:80]
-    cost, cached, sent = counts.pop("cost"), counts["cached_tokens"], counts["input_tokens"]
-    if cached is not None and sent is not None and cached > sent:  # more read than was sent
-        odd["cached_tokens"], counts["cached_tokens"] = f"{cached} > input_tokens {sent}", None
+    counts = _usage(lambda name: getattr(out, name, None), odd)
+    cost = counts.pop("cost")
     if odd:
         extra["unreadable_usage"] = odd
     text, stop = out.text, getattr(out, "stop", None)
@@ -85,9 +78,7 @@ def failure_usage(usage: Any) -> dict[str, Any]:
     an unreadable count or cost is left out (unknown); a pasted key in its model is masked."""
     if not isinstance(usage, Mapping):
         return {}
-    read = {name: reader(usage.get(name)) for name, reader in _USAGE}
-    if (read["cached_tokens"] or 0) > (read["input_tokens"] or math.inf):  # more read than sent
-        read["cached_tokens"] = None
+    read: dict[str, Any] = _usage(usage.get, {})
     model = usage.get("model")
     read["model"] = shown_name(model) if isinstance(model, str) else None
     return {name: value for name, value in read.items() if value is not None}
@@ -121,6 +112,21 @@ def _money(value: Any) -> float | None:
         except ValueError:
             return None
     return float(value) if is_amount(value) else None
+
+
+def _usage(given: Callable[[str], Any], odd: dict[str, str]) -> dict[str, Any]:
+    """Each usage figure :data:`_USAGE` reads, from ``given(name)``: None where unreadable (its
+    text then in ``odd``), and cached tokens beyond the input, which no call can have."""
+    counts = {}
+    for name, reader in _USAGE:
+        value = given(name)
+        counts[name] = reader(value)
+        if counts[name] is None and value is not None:
+            odd[name] = repr(value)[:80]
+    cached, sent = counts["cached_tokens"], counts["input_tokens"]
+    if cached is not None and sent is not None and cached > sent:  # more read than was sent
+        odd["cached_tokens"], counts["cached_tokens"] = f"{cached} > input_tokens {sent}", None
+    return counts
 
 
 _USAGE = (("input_tokens", _count), ("output_tokens", _count), ("cached_tokens", _count),

@@ -249,6 +249,7 @@ def _find_and_cancel(row: Mapping[str, Any], provider: Any) -> tuple[dict[str, A
 
 def status_summary(rt: Runtime, name: str | None = None) -> dict[str, Any]:
     """What ``%batch_status`` shows: ended jobs collected first, then the summary."""
+    forgo_ended_elsewhere(rt)  # (a run does it as it starts)
     collected = collect_ended(rt, name)
     return {**rt.evidence.summary(name), "collected": collected,
             "jobs": pending_jobs(rt.ledger, name)}
@@ -273,7 +274,6 @@ def forgo_ended_elsewhere(rt: Runtime) -> None:
 
 def collect_ended(rt: Runtime, name: str | None = None) -> list[str]:
     """Collect every ended job (of batch ``name``) this kernel can judge; a line for each."""
-    forgo_ended_elsewhere(rt)
     store = rt.ledger.store
     said = []
     for row in store.jobs(lost=True):
