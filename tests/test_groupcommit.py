@@ -37,6 +37,39 @@ def test_writes_of_one_turn_share_one_transaction():
     assert writes.flushes == 1 and rows(store) == ["a", "b", "c"]
 
 
+def test_writes_queued_within_the_window_share_one_transaction():
+    """Calls ending a moment apart (not in one loop turn) share one commit while a window is
+    set; each write's caller resumes only once that commit is done."""
+    store = _ledger_with_table()
+    writes = GroupCommit(store)
+    writes.window = 0.05
+
+    async def main():
+        first = writes.submit(lambda db: db.execute("INSERT INTO t VALUES ('a')"))
+        await asyncio.sleep(0.01)  # other turns of the loop pass
+        assert not first.done()
+        second = writes.submit(lambda db: db.execute("INSERT INTO t VALUES ('b')"))
+        await asyncio.gather(first, second)
+
+    asyncio.run(main())
+    assert writes.flushes == 1 and rows(store) == ["a", "b"]
+
+
+def test_a_write_flushed_now_does_not_wait_for_its_window():
+    """A run unwinding (or splitting a request) commits at once, whatever the window."""
+    store = _ledger_with_table()
+    writes = GroupCommit(store)
+    writes.window = 60.0
+
+    async def main():
+        receipt = writes.submit(lambda db: db.execute("INSERT INTO t VALUES ('a')"))
+        writes.flush_now()
+        assert receipt.done() and rows(store) == ["a"]
+
+    asyncio.run(main())
+    assert writes.flushes == 1
+
+
 def test_a_failing_write_is_undone_whole_and_the_others_still_commit():
     store = _ledger_with_table()
     writes = GroupCommit(store)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import socket
+import sqlite3
 import threading
 import time
 
@@ -96,6 +98,44 @@ def test_a_slow_call_does_not_hold_up_the_others():
     result = session.run_batch("r", tasks, LABEL_SCHEMA)
     assert result.status == "resolved" and result.calls == 3
     assert log.index(("end", tasks[2]["task_id"])) < log.index(("end", slow))
+
+
+def test_calls_answering_a_moment_apart_share_commits_yet_each_receipt_precedes_its_call(
+        tmp_path, monkeypatch):
+    """With many calls in flight, a receipt waits a little for the writes of calls answering
+    meanwhile, so a few transactions hold many calls' records; each call still finds its receipt
+    in the ledger (another connection reads it) when it is sent."""
+    from batchjson._replay import replay
+
+    made: list = []
+
+    class Counted(replay.GroupCommit):
+        def __init__(self, store):
+            super().__init__(store)
+            made.append(self)
+
+    monkeypatch.setattr(replay, "GroupCommit", Counted)
+    path = tmp_path / "ledger.sqlite"
+    pace = random.Random(7)
+    unseen = []
+
+    async def model(call):
+        reader = sqlite3.connect(path)
+        try:
+            held = reader.execute("SELECT count(*) FROM attempts WHERE request_key = ? AND "
+                                  "status = 'in_flight'", (call.request_key,)).fetchone()[0]
+        finally:
+            reader.close()
+        if not held:
+            unseen.append(call.request_key)
+        await asyncio.sleep(pace.uniform(0.03, 0.07))  # a model's pace: calls end apart
+        return items_reply(call)
+
+    session = Session(CallableProvider(model), ledger=path, concurrency=64)
+    result = session.run_batch("r", review_tasks(400), LABEL_SCHEMA)
+    assert result.status == "resolved" and result.calls == 400
+    assert unseen == []
+    assert made[-1].flushes < result.calls / 4  # (about 215 when each loop turn committed)
 
 
 def test_near_the_end_of_the_budget_the_request_in_hand_is_finished_first():

@@ -1,4 +1,5 @@
-"""Group commit: ledger writes from concurrent calls share one transaction per loop turn.
+"""Group commit: ledger writes from concurrent calls share one transaction per loop turn, or per
+``window`` when the writes of other calls are due within it.
 
 Each write's caller resumes only after the transaction holding it committed, so "receipt before
 call" holds; a write's ``Later`` is read once every write is sent, and a ``Later`` it gives once
@@ -20,13 +21,16 @@ Outcome = tuple[asyncio.Future | None, Any, BaseException | None]
 
 
 class GroupCommit:
-    """Queue ledger operations; commit them together on the next turn of the event loop."""
+    """Queue ledger operations; commit them together on the next turn of the event loop, or
+    ``window`` seconds after the first of them: a transaction's fixed cost (BEGIN, COMMIT, the
+    pages every write touches) is then shared by the writes of the calls that end meanwhile."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self._pending: list[tuple[Op, asyncio.Future | None]] = []
         self._failures: list[BaseException] = []  # every failed write, awaited or not
-        self._scheduled = False
+        self._scheduled: asyncio.Handle | None = None
+        self.window = 0.0  # seconds a write waits for others to share its transaction
         self.broken: LedgerError | None = None
         self.flushes = 0
 
@@ -43,9 +47,10 @@ class GroupCommit:
             _hand_out(future, None, self.broken)
             return
         self._pending.append((op, future))
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush_now)
+        if self._scheduled is None:
+            loop = asyncio.get_running_loop()
+            self._scheduled = (loop.call_later(self.window, self.flush_now) if self.window > 0
+                               else loop.call_soon(self.flush_now))
 
     def raise_failures(self) -> None:
         """Raise the ledger's failure, else the first failed write: no run ends as if kept."""
@@ -56,8 +61,10 @@ class GroupCommit:
             raise failures[0]
 
     def flush_now(self) -> None:
-        """Commit whatever is queued (at the loop's next turn, or now: the run is unwinding)."""
-        self._scheduled = False
+        """Commit whatever is queued (when its window ends, or now: the run is unwinding)."""
+        if self._scheduled is not None:
+            self._scheduled.cancel()
+            self._scheduled = None
         batch, self._pending = self._pending, []
         live = [(op, fut) for op, fut in batch  # a cancelled waiter's write never runs
                 if fut is None or not fut.cancelled()]

@@ -52,6 +52,11 @@ FEED = 500  # requests taken from a stream into the queue at once
 # The pause before each look at requests other runners hold, growing while nothing changes.
 HELD_POLL = (0.02, 0.25)
 SAY_WAIT = 5.0  # a rate-limit wait longer than this is said in the run's progress
+# A write waits at most this share of a call's time, and at most COMMIT_WAIT seconds, for the
+# writes of other calls to share its transaction (GroupCommit.window); only while at least one
+# call is due to answer meanwhile, so a slow model or a run of few calls never waits.
+COMMIT_SHARE = 0.05
+COMMIT_WAIT = 0.005
 
 
 @dataclass(frozen=True)
@@ -183,6 +188,8 @@ class Replayer(Settle):
         self._cut_off: set[str] = set()  # requests cut off before under the same settings
         self._parted: dict[str, list[str]] = {}  # requests accepted in part: the tasks rejected
         self.retrying = transport_retrying(transport)
+        self._sending = 0  # calls sent and not yet answered
+        self._call_seconds = 0.0  # a call's time at the provider, a moving average
 
     async def call(self, request: Request, kind: CallKind, call: Call) -> Judged | NotSent:
         """Reserve, claim and commit the receipt of ``call``; then send it, judge and record the
@@ -348,7 +355,28 @@ class Replayer(Settle):
             self.control.ledger_failed(exc)
 
     async def _send(self, call: Call) -> Reply | ProviderError:
-        """The live transport: ``call``'s reply, or the provider's failure (a timeout, a bug)."""
+        """The live transport: ``call``'s reply, or the provider's failure (a timeout, a bug);
+        its time at the provider sets how long writes wait for one another."""
+        self._sending += 1
+        sent = time.monotonic()
+        try:
+            return await self._answer(call)
+        finally:
+            self._sending -= 1
+            self._share_commits(time.monotonic() - sent)
+
+    def _share_commits(self, seconds: float) -> None:
+        """Let writes wait for others (:attr:`GroupCommit.window`) while the calls in flight
+        answer often enough that at least one is due within the wait: the wait then costs a call
+        at most :data:`COMMIT_SHARE` of its time, and its transaction is shared."""
+        average = self._call_seconds
+        average = seconds if not average else average + (seconds - average) / 16
+        self._call_seconds = average
+        wait = min(COMMIT_WAIT, COMMIT_SHARE * average)
+        self.writes.window = wait if self._sending * wait >= average else 0.0
+
+    async def _answer(self, call: Call) -> Reply | ProviderError:
+        """The provider's answer, or its failure as a ProviderError (never a cancellation)."""
         try:
             if not self.needs_timer:
                 reply = await self.provider.complete(call)
