@@ -209,3 +209,22 @@ def test_postgresql_says_a_deadlock_or_serialization_failure_may_pass_when_run_a
     assert isinstance(psycopg.errors.DeadlockDetected("deadlock detected"), store.conflicts)
     assert not isinstance(psycopg.errors.UniqueViolation("duplicate key"), store.conflicts)
     ledger.close()
+
+
+def test_a_write_waits_at_most_a_twentieth_of_a_call_after_the_model_speeds_up():
+    """A model dropping from 1 s calls to 1 ms ones: no write waits longer than a twentieth of
+    the call that set its wait, as the run's average catches up."""
+    from types import SimpleNamespace
+
+    from batchjson._replay.replay import COMMIT_SHARE, Replayer
+
+    replayer = SimpleNamespace(writes=SimpleNamespace(window=0.0), _call_seconds=0.0,
+                               _sending=63)
+    for _ in range(64):
+        Replayer._share_commits(replayer, 1.0)
+    waits = []
+    for _ in range(200):
+        Replayer._share_commits(replayer, 0.001)
+        waits.append(replayer.writes.window)
+    assert max(waits) <= COMMIT_SHARE * 0.001 + 1e-12
+    assert waits[-1] > 0  # 63 calls of 1 ms in flight: one is due within the wait

@@ -54,7 +54,8 @@ HELD_POLL = (0.02, 0.25)
 SAY_WAIT = 5.0  # a rate-limit wait longer than this is said in the run's progress
 # A write waits at most this share of a call's time, and at most COMMIT_WAIT seconds, for the
 # writes of other calls to share its transaction (GroupCommit.window); only while at least one
-# call is due to answer meanwhile, so a slow model or a run of few calls never waits.
+# call is due to answer meanwhile, so a run of few calls never waits (nor, below 200 calls in
+# flight, a model taking a second).
 COMMIT_SHARE = 0.05
 COMMIT_WAIT = 0.005
 
@@ -367,13 +368,15 @@ class Replayer(Settle):
 
     def _share_commits(self, seconds: float) -> None:
         """Let writes wait for others (:attr:`GroupCommit.window`) while the calls in flight
-        answer often enough that at least one is due within the wait: the wait then costs a call
-        at most :data:`COMMIT_SHARE` of its time, and its transaction is shared."""
+        answer often enough that at least one is due within the wait. The wait is at most
+        :data:`COMMIT_SHARE` of a call's time, by the last call's time when that is shorter
+        than the average (a model that just sped up), and never over :data:`COMMIT_WAIT`."""
         average = self._call_seconds
         average = seconds if not average else average + (seconds - average) / 16
         self._call_seconds = average
-        wait = min(COMMIT_WAIT, COMMIT_SHARE * average)
-        self.writes.window = wait if self._sending * wait >= average else 0.0
+        pace = min(average, seconds)
+        wait = min(COMMIT_WAIT, COMMIT_SHARE * pace)
+        self.writes.window = wait if self._sending * wait >= pace else 0.0
 
     async def _answer(self, call: Call) -> Reply | ProviderError:
         """The provider's answer, or its failure as a ProviderError (never a cancellation)."""
