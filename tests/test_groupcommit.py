@@ -211,9 +211,9 @@ def test_postgresql_says_a_deadlock_or_serialization_failure_may_pass_when_run_a
     ledger.close()
 
 
-def test_a_write_waits_at_most_a_twentieth_of_a_call_after_the_model_speeds_up():
-    """A model dropping from 1 s calls to 1 ms ones: no write waits longer than a twentieth of
-    the call that set its wait, as the run's average catches up."""
+def test_a_write_waits_at_most_its_share_of_a_call_after_the_model_speeds_up():
+    """A model dropping from 1 s calls to 1 ms ones: no write waits longer than its share
+    (COMMIT_SHARE) of the call that set its wait, as the run's average catches up."""
     from types import SimpleNamespace
 
     from batchjson._replay.replay import COMMIT_SHARE, Replayer

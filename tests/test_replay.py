@@ -135,7 +135,8 @@ def test_calls_answering_a_moment_apart_share_commits_yet_each_receipt_precedes_
     result = session.run_batch("r", review_tasks(400), LABEL_SCHEMA)
     assert result.status == "resolved" and result.calls == 400
     assert unseen == []
-    assert made[-1].flushes < result.calls / 4  # (about 215 when each loop turn committed)
+    # about 215 transactions when each loop turn committed, about 115 sharing them
+    assert made[-1].flushes < 0.4 * result.calls
 
 
 def test_near_the_end_of_the_budget_the_request_in_hand_is_finished_first():

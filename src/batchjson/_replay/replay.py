@@ -56,7 +56,7 @@ SAY_WAIT = 5.0  # a rate-limit wait longer than this is said in the run's progre
 # writes of other calls to share its transaction (GroupCommit.window); only while at least one
 # call is due to answer meanwhile, so a run of few calls never waits (nor, below 200 calls in
 # flight, a model taking a second).
-COMMIT_SHARE = 0.05
+COMMIT_SHARE = 0.02
 COMMIT_WAIT = 0.005
 
 
