@@ -75,6 +75,33 @@ def test_the_providers_text_is_kept_byte_for_byte_accepted_or_not(ledger_at):
         held.close()
 
 
+def test_tasks_beyond_ascii_with_quotes_braces_and_backslashes_are_kept_and_resume_for_free(
+        ledger_at):
+    """Requests, their seen content and accepted items are written many to a statement (on
+    PostgreSQL, as arrays in binary form): each text comes back as it went in, so a re-run finds
+    every request answered and asks nothing."""
+    odd = ['caf\u00e9 "quoted", {braced}', "back\\slash \\\" NULL", "\u65e5\u672c\u2028 \U0001f600",
+           "NULL", ""]
+    tasks = [{"task_id": f"t{i}-{text[:6]}", "case_id": text, "prompt": f"label {text}"}
+             for i, text in enumerate(odd)]
+
+    def model(call):
+        return json.dumps({"items": [{"task_id": t["task_id"], "case_id": t["case_id"],
+                                      "label": t["prompt"][::-1]} for t in call.tasks]})
+
+    schema = {"type": "object", "properties": {"label": {"type": "string"}},
+              "required": ["label"]}
+    target = ledger_at()
+    for pack, calls in ((2, 3), (2, 0)):
+        session = Session(CallableProvider(model), ledger=target)
+        result = session.run_batch("odd", tasks, schema, pack=pack,
+                                   identity=["task_id", "case_id"])
+        session.close()
+        assert result.status == "resolved" and result.calls == calls
+        assert dict(result.values) == {t["task_id"]: {"label": t["prompt"][::-1]}
+                                       for t in tasks}
+
+
 def test_a_calls_receipt_and_claim_are_committed_before_it_is_sent_on_either_store(ledger_at):
     """What another reader sees while the call is out: its receipt in flight, holding the
     request's claim. Fault: the writes of a group (BEGIN, receipts, claims, COMMIT, sent

@@ -96,7 +96,7 @@ _ADMITTED = "(? OR EXISTS (SELECT 1 FROM added))"  # ?: the return has no items
 _PARTED = "FROM attempts WHERE request_key = ? AND status = 'partial'"
 ACCEPT = (
     "WITH added AS (INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, "
-    "committed_at) SELECT ?, ?, t.task_id, ?, t.item, ? FROM unnest(?::text[], ?::text[]) "
+    "committed_at) SELECT ?, ?, t.task_id, ?, t.item, ? FROM unnest(?[]::text[], ?[]::text[]) "
     f"AS t(task_id, item) WHERE NOT EXISTS (SELECT 1 {_PARTED}) ON CONFLICT DO NOTHING "
     "RETURNING 1) " + COMPLETE_SQL.format(
         status=f"CASE WHEN {_ADMITTED} THEN 'accepted' ELSE 'rejected' END",
@@ -108,11 +108,11 @@ ACCEPT = (
 BULK = {
     REQUESTS_SQL: (
         "INSERT INTO requests(revision_id, key, position, parent_key, task_ids, tasks) SELECT "
-        "r, k, p, pk, ti, t FROM unnest(?::bigint[], ?::text[], ?::bigint[], ?::text[], "
-        "?::text[], ?::text[]) WITH ORDINALITY AS u(r, k, p, pk, ti, t, n) ORDER BY n "
-        "ON CONFLICT DO NOTHING"),
-    SEEN_SQL: ("INSERT INTO seen(request_key, seen_key) SELECT * FROM unnest(?::text[], "
-               "?::text[]) ON CONFLICT DO NOTHING"),
+        "r, k, p, pk, ti, t FROM unnest(?[]::bigint[], ?[]::text[], ?[]::bigint[], "
+        "?[]::text[], ?[]::text[], ?[]::text[]) WITH ORDINALITY AS u(r, k, p, pk, ti, t, n) "
+        "ORDER BY n ON CONFLICT DO NOTHING"),
+    SEEN_SQL: ("INSERT INTO seen(request_key, seen_key) SELECT * FROM unnest(?[]::text[], "
+               "?[]::text[]) ON CONFLICT DO NOTHING"),
 }
 
 POOL_SIZE = 4  # connections: the group commit's writer, and readers beside it
