@@ -102,6 +102,34 @@ def test_tasks_beyond_ascii_with_quotes_braces_and_backslashes_are_kept_and_resu
                                        for t in tasks}
 
 
+def test_a_write_the_server_refuses_mid_group_leaves_the_sessions_later_runs_working(
+        postgres, monkeypatch):
+    """PostgreSQL refuses an accepted return's statement in its pipelined group (injected: a
+    NUL in its task ids, which the tasks' check now refuses before any call), in two runs,
+    each tried in its group and again alone: those runs fail with a LedgerError, and the
+    session's later runs and its close work. Fault: the failed pipeline's connection went back
+    to the pool with psycopg counting as prepared a statement the server had dropped, so every
+    later run, and close(), failed."""
+    from batchjson._ledger.postgres import PostgresStore
+
+    accept, refused = PostgresStore._accept_call, []
+
+    def refused_twice_a_run(self, tx, attempt_id, batch_id, request_key, items, *rest):
+        if len(refused) < 4:
+            refused.append(request_key)
+            items = {f"{task_id}\x00": item for task_id, item in items.items()}
+        return accept(self, tx, attempt_id, batch_id, request_key, items, *rest)
+
+    monkeypatch.setattr(PostgresStore, "_accept_call", refused_twice_a_run)
+    session = Session(CallableProvider(items_reply), ledger=postgres.database("refused_mid_group"))
+    for tasks in (review_tasks(1), review_tasks(1)):  # a retry before the cause is found
+        with pytest.raises(LedgerError, match="could not be written"):
+            session.run_batch("refused", tasks, LABEL_SCHEMA)
+    result = session.run_batch("later", review_tasks(6)[2:], LABEL_SCHEMA)
+    assert result.status == "resolved" and result.calls == 4
+    session.close()
+
+
 def test_a_calls_receipt_and_claim_are_committed_before_it_is_sent_on_either_store(ledger_at):
     """What another reader sees while the call is out: its receipt in flight, holding the
     request's claim. Fault: the writes of a group (BEGIN, receipts, claims, COMMIT, sent

@@ -63,6 +63,10 @@ RUN_INPUTS = [
     ("split='yes'", {"split": "yes"}, "split must be True or False, got 'yes'"),
     ("split=2", {"split": 2}, "split must be True or False, got 2"),
     ("a NUL batch name", {"name": "\x00"}, "control character '\\x00' at position 0"),
+    # a PostgreSQL ledger cannot hold it: the run would pay for its call, then fail to record it
+    ("a NUL in a task_id", {"tasks": [*review_tasks(1), {**review_tasks(2)[1],
+                                                         "task_id": "t2\x00"}]},
+     "task #1: task_id 't2\\x00' holds a NUL character (\\x00); remove it from the id"),
     ("a newline in a batch name", {"name": "labels\nrow"}, "use printable characters"),
     ("an async-generator validator", {"validator": agen_check},
      "agen_check is an async generator function (it uses yield)"),

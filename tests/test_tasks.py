@@ -33,10 +33,11 @@ json_values = st.recursive(
 def task_lists(draw):
     count = draw(st.integers(1, 7))
     tasks = []
+    ids = st.text().filter(lambda text: "\x00" not in text)  # (a task_id holding NUL: refused)
     for i in range(count):
         extra = draw(st.dictionaries(st.text().filter(lambda k: k not in ("task_id", "prompt")),
                                      json_values, max_size=3))
-        tasks.append({"prompt": draw(st.text()), **extra, "task_id": f"t{i}-{draw(st.text())}",
+        tasks.append({"prompt": draw(st.text()), **extra, "task_id": f"t{i}-{draw(ids)}",
                       "case_id": draw(json_values)})
     return tasks
 

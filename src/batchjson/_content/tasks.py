@@ -171,6 +171,9 @@ def _task_text(position: int, task: Any, identity: Identity) -> str:
     if not isinstance(task_id, str) or not task_id:
         raise InvalidBatch(f"task #{position}: task_id must be a non-empty string, got "
                            f"{task_id!r}")
+    if "\x00" in task_id:  # a ledger keeps ids as text, which PostgreSQL's cannot hold
+        raise InvalidBatch(f"task #{position}: task_id {task_id!r} holds a NUL character "
+                           "(\\x00); remove it from the id")
     prompt = task.get("prompt")
     if not isinstance(prompt, str):
         raise InvalidBatch(f"task {task_id!r}: prompt must be a string, got "

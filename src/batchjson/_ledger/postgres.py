@@ -279,7 +279,9 @@ class PostgresStore(Store):
     @contextmanager
     def _pipelined(self, db: Any) -> Iterator[None]:
         """BEGIN, the writes and COMMIT sent as one round trip (psycopg's transaction block
-        waits at each end); a failure is rolled back before the connection is given back."""
+        waits at each end). After a failure the connection is closed, so the pool replaces it:
+        a statement the server refused mid-pipeline can leave psycopg counting as prepared one
+        the server dropped, failing every later use of that connection."""
         try:
             with db.pipeline() as pipe:
                 db.execute("BEGIN")
@@ -291,10 +293,8 @@ class PostgresStore(Store):
                     raise
                 db.execute("COMMIT")
         except BaseException:
-            idle = self._psycopg.pq.TransactionStatus.IDLE
-            if not db.broken and db.info.transaction_status != idle:
-                with suppress(self._psycopg.Error):
-                    db.execute("ROLLBACK")
+            with suppress(self._psycopg.Error):
+                db.close()  # (its transaction, if still open, ends with it: rolled back)
             raise
 
     def _error(self, what: str, exc: BaseException) -> LedgerError:
