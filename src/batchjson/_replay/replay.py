@@ -361,26 +361,6 @@ class Replayer(Settle):
         self._sending += 1
         sent = time.monotonic()
         try:
-            return await self._answer(call)
-        finally:
-            self._sending -= 1
-            self._share_commits(time.monotonic() - sent)
-
-    def _share_commits(self, seconds: float) -> None:
-        """Let writes wait for others (:attr:`GroupCommit.window`) while the calls in flight
-        answer often enough that at least one is due within the wait. The wait is at most
-        :data:`COMMIT_SHARE` of a call's time, by the last call's time when that is shorter
-        than the average (a model that just sped up), and never over :data:`COMMIT_WAIT`."""
-        average = self._call_seconds
-        average = seconds if not average else average + (seconds - average) / 16
-        self._call_seconds = average
-        pace = min(average, seconds)
-        wait = min(COMMIT_WAIT, COMMIT_SHARE * pace)
-        self.writes.window = wait if self._sending * wait >= pace else 0.0
-
-    async def _answer(self, call: Call) -> Reply | ProviderError:
-        """The provider's answer, or its failure as a ProviderError (never a cancellation)."""
-        try:
             if not self.needs_timer:
                 reply = await self.provider.complete(call)
             else:
@@ -395,8 +375,23 @@ class Replayer(Settle):
             error = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
             error.__cause__ = exc
             return error
+        finally:
+            self._sending -= 1
+            self._share_commits(time.monotonic() - sent)
         self.probe.back(call.request_key)
         return reply
+
+    def _share_commits(self, seconds: float) -> None:
+        """Let writes wait for others (:attr:`GroupCommit.window`) while the calls in flight
+        answer often enough that at least one is due within the wait. The wait is at most
+        :data:`COMMIT_SHARE` of a call's time, by the last call's time when that is shorter
+        than the average (a model that just sped up), and never over :data:`COMMIT_WAIT`."""
+        average = self._call_seconds
+        average = seconds if not average else average + (seconds - average) / 16
+        self._call_seconds = average
+        pace = min(average, seconds)
+        wait = min(COMMIT_WAIT, COMMIT_SHARE * pace)
+        self.writes.window = wait if self._sending * wait >= pace else 0.0
 
     async def run(self, requests: Iterable[Request]) -> Outcome:
         """Drive every request of the stream, taken :data:`FEED` at a time as the queue runs low."""
