@@ -8,8 +8,10 @@ import threading
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from batchjson import ConfigError, InvalidBatch, RateLimits, Session
+from batchjson import ConfigError, InvalidBatch, RateLimits, RunSpec, Session
 from batchjson._providers.ratelimits import request_tokens
 from batchjson._replay.pacing import Pacer
 from batchjson.testing import HttpFaults, Limits, LoopbackServer
@@ -360,3 +362,45 @@ def test_a_retry_after_is_honoured_up_to_20_seconds_and_an_unreadable_wait_is_un
 def test_a_bad_max_rate_wait_is_refused_before_the_ledger_is_opened(value: object) -> None:
     with pytest.raises(ConfigError, match="max_rate_wait must be a finite number of seconds"):
         Session("simulated", ledger=":memory:", max_rate_wait=value)  # type: ignore[arg-type]
+
+
+_HOSTILE_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+_IDENTITY_VALUES = st.one_of(_HOSTILE_TEXT, st.integers(), st.booleans(), st.none(),
+                             st.floats(allow_nan=False, allow_infinity=False))
+
+
+def _counted_when_refused(srv: LoopbackServer, spec: RunSpec, limit: int) -> int | None:
+    """The tokens the refusal says the largest request counts, or None if not refused."""
+    session = Session(openai(srv), ledger=":memory:", rate_limits={"tokens_per_minute": limit})
+    try:
+        session.run(spec)
+    except InvalidBatch as exc:
+        return int(str(exc).split(" counts ")[1].split(" tokens")[0].replace(",", ""))
+    finally:
+        session.close()
+    return None
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases=st.lists(_IDENTITY_VALUES, min_size=1, max_size=6, unique_by=repr),
+       notes=st.lists(_HOSTILE_TEXT, min_size=6, max_size=6), pack=st.integers(1, 4),
+       value_mode=st.booleans())
+def test_a_request_one_token_over_the_limit_is_refused_whatever_its_text(
+        cases: list, notes: list[str], pack: int, value_mode: bool) -> None:
+    """The check reads each request's size from its text before rendering any prompt: that
+    reading never counts fewer tokens than the rendered request, so none over the limit passes
+    (identity values a return echoes: text beyond ASCII, escapes, numbers in any form)."""
+    if value_mode:
+        tasks = [{"task_id": f"t{i}", "prompt": note, "context": repr(case)}
+                 for i, (case, note) in enumerate(zip(cases, notes, strict=False))]
+        spec = RunSpec(name="v", tasks=tasks, schema={"enum": ["yes", "no"]}, mode="value")
+    else:
+        tasks = [{"task_id": f"t{i}", "case": case, "prompt": note}
+                 for i, (case, note) in enumerate(zip(cases, notes, strict=False))]
+        spec = RunSpec(name="p", tasks=tasks, schema=LABEL_SCHEMA, pack=pack, mode="items",
+                       identity=["task_id", "case"], instructions="Label each case.")
+    with LoopbackServer() as srv:
+        largest = _counted_when_refused(srv, spec, 1)
+        assert largest is not None and largest > 1
+        assert _counted_when_refused(srv, spec, largest - 1) == largest
+        assert srv.requests == 0

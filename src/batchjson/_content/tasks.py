@@ -339,16 +339,26 @@ def stored_request(row: Any) -> Request:
 def render_items_prompt(tasks: Sequence[Mapping[str, Any]], identity: Sequence[str],
                         instructions: str | None, tasks_json: str | None = None) -> str:
     """The user message for a packed request; its tasks as one JSON block (``tasks_json``)."""
+    return _items_prompt(len(tasks), identity, instructions, tasks_json if tasks_json is not None
+                         else _canonical([dict(t) for t in tasks]))
+
+
+def items_prompt_chars(count: int, identity: Sequence[str], instructions: str | None,
+                       tasks_chars: int) -> int:
+    """The length of the prompt of ``count`` tasks whose JSON block has ``tasks_chars``."""
+    return len(_items_prompt(count, identity, instructions, "")) + tasks_chars
+
+
+def _items_prompt(count: int, identity: Sequence[str], instructions: str | None,
+                  tasks_json: str) -> str:
     lines = []
     if instructions:
         lines += [instructions.strip(), ""]
     lines += [
-        f"Answer each of the {len(tasks)} task(s) below. Return only JSON of the form "
+        f"Answer each of the {count} task(s) below. Return only JSON of the form "
         '{"items": [...]} with exactly one object per task, in any order. Copy these identity '
         f"fields from the task unchanged into its object: {', '.join(identity)}.",
-        TASKS_BEGIN,
-        tasks_json if tasks_json is not None else _canonical([dict(t) for t in tasks]),
-        TASKS_END,
+        TASKS_BEGIN, tasks_json, TASKS_END,
     ]
     return "\n".join(lines)
 
@@ -358,11 +368,14 @@ def shared_head(instructions: str | None) -> str:
     return f"{instructions.strip()}\n\n" if instructions and instructions.strip() else ""
 
 
+CONTEXT_HEAD = "\n\nContext:\n"
+
+
 def render_value_prompt(task: Mapping[str, Any]) -> str:
     """The droste-style prompt: the caller's prompt, then its context if any."""
     prompt = task["prompt"]
     context = task.get("context")
-    return prompt if context is None else f"{prompt}\n\nContext:\n{context}"
+    return prompt if context is None else f"{prompt}{CONTEXT_HEAD}{context}"
 
 
 def render_repair_prompt(prompt: str, raw: str, errors: Sequence[Mapping[str, Any]],

@@ -66,7 +66,12 @@ async def close_provider(provider: Any) -> None:
 
 def estimate_tokens(text: str) -> int:
     """A quarter of the text's characters: an estimate, never a bound nor a provider's usage."""
-    return max(1, len(text) // 4)
+    return chars_tokens(len(text))
+
+
+def chars_tokens(chars: int) -> int:
+    """:func:`estimate_tokens` of a text of ``chars`` characters."""
+    return max(1, chars // 4)
 
 
 CHAT_OVERHEAD_TOKENS = 3 * 2 + 3  # OpenAI's: 3 framing each message (system, user), 3 the reply

@@ -13,7 +13,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from .base import estimate_tokens
+from .base import chars_tokens
 
 _GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|us|µs|ns|m|s)")
 _GO_DURATION = re.compile(f"(?:{_GO_PART.pattern})+")
@@ -142,7 +142,12 @@ def limits_account(provider: Any) -> tuple[str, str] | None:
 
 def request_tokens(system: str, prompt: str, output_cap: int | None) -> int:
     """What a rate limiter counts for a request on arrival: prompt characters / 4 + max_tokens."""
-    return estimate_tokens(system + prompt) + (output_cap or 0)
+    return request_tokens_of(len(system) + len(prompt), output_cap)
+
+
+def request_tokens_of(prompt_chars: int, output_cap: int | None) -> int:
+    """:func:`request_tokens` of a request whose system text and prompt hold ``prompt_chars``."""
+    return chars_tokens(prompt_chars) + (output_cap or 0)
 
 
 # Set by the replay loop around each call: HTTP providers report every response's headers here.

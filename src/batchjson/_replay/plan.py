@@ -12,8 +12,10 @@ from typing import Any
 from .._content.keys import Keys
 from .._content.schema import ItemSchema, largest_answer, wire_schema
 from .._content.tasks import (
+    CONTEXT_HEAD,
     Request,
     TextSpool,
+    items_prompt_chars,
     render_items_prompt,
     render_value_prompt,
     sha,
@@ -65,9 +67,22 @@ class Plan:
         item = self._item_chars
         if item is None or self.mode == "value":
             return item
-        echoes = sum(len(name) + len(_ECHO(task[name])) + 4
-                     for task in tasks for name in self.identity)
-        return len('{"items":[]}') + len(tasks) * (item + 1) + echoes
+        echoed = sum(len(_ECHO(task[name])) for task in tasks for name in self.identity)
+        return self._answer_chars(item, len(tasks), echoed)
+
+    def most_answer_chars(self, count: int, tasks_chars: int) -> int | None:
+        """At least :meth:`answer_chars` of ``count`` tasks whose JSON text has ``tasks_chars``
+        (nothing decoded): an identity value is a scalar, echoed as its canonical text, which is
+        part of that text."""
+        item = self._item_chars
+        if item is None or self.mode == "value":
+            return item
+        return self._answer_chars(item, count, tasks_chars)
+
+    def _answer_chars(self, item: int, count: int, echoed: int) -> int:
+        """``count`` answers of ``item`` characters, their identity values ``echoed`` characters."""
+        named = sum(len(name) + 4 for name in self.identity)  # "name": and a comma, quoted
+        return len('{"items":[]}') + count * (item + 1 + named) + echoed
 
 
 @dataclass
@@ -134,6 +149,15 @@ def first_prompt(plan: Plan, request: Request) -> str:
         return render_value_prompt(request.tasks[0])
     return render_items_prompt(request.tasks, plan.identity, plan.instructions,
                                request.tasks_json)
+
+
+def most_prompt_chars(plan: Plan, count: int, tasks_chars: int) -> int:
+    """At least the length of :func:`first_prompt` of ``count`` tasks whose JSON text has
+    ``tasks_chars``: a packed prompt holds that text as it is, a value's prompt and context are
+    in it escaped."""
+    if plan.mode == "value":
+        return tasks_chars + len(CONTEXT_HEAD)
+    return items_prompt_chars(count, plan.identity, plan.instructions, tasks_chars)
 
 
 def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt: str,

@@ -33,11 +33,11 @@ from .._content.tasks import Identity, Request, is_task_file, normalize_identity
 from .._errors import ConfigError, InvalidBatch, ProviderSetupError
 from .._fingerprint.fingerprint import unwrap_callable
 from .._ledger import Ledger
-from .._providers.ratelimits import request_tokens
+from .._providers.ratelimits import request_tokens, request_tokens_of
 from .._providers.settings import call_output_cap, declared_output_cap
 from .._replay.budget import Budget
 from .._replay.pacing import Pacer, pack_that_fits
-from .._replay.plan import Plan, first_prompt, system_prompt
+from .._replay.plan import Plan, first_prompt, most_prompt_chars, system_prompt
 from .._secrets import check_name
 
 Mode = Literal["items", "value"]
@@ -531,6 +531,17 @@ def _pack_fits(cap: int, measured: float | None, schema: ItemSchema, largest: Re
         "was sent")
 
 
+def _most_tokens(plan: Plan, system_chars: int, pending: Iterable[Request], provider: Any) -> int:
+    """At least the tokens any of ``pending`` counts, from the length of each one's text."""
+    longest: dict[int, int] = {}  # the longest text of each number of tasks
+    for request in pending:
+        count, chars = len(request.tasks), len(request.tasks_json)
+        longest[count] = max(chars, longest.get(count, 0))
+    return max(request_tokens_of(system_chars + most_prompt_chars(plan, count, chars),
+                              call_output_cap(provider, plan.most_answer_chars(count, chars)))
+               for count, chars in longest.items())
+
+
 def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provider: Any) -> None:
     """Refuse a run whose largest request exceeds a minute's token limit (every try a 429),
     naming the pack that fits: packs are never split to fit, or their keys would change."""
@@ -538,6 +549,8 @@ def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provide
     if not limit or not pending:
         return
     system = system_prompt(plan)
+    if _most_tokens(plan, len(system), pending, provider) <= limit:
+        return  # none can count more: no prompt is rendered (a million of them, before a run)
     caps = {r.key: call_output_cap(provider, plan.answer_chars(r.tasks)) for r in pending}
     largest, request = max(((request_tokens(system, first_prompt(plan, r), caps[r.key]), r)
                             for r in pending), key=lambda pair: pair[0])
