@@ -298,3 +298,27 @@ def test_a_server_that_dies_mid_run_stops_it_and_a_rerun_after_its_restart_pays_
         again.close()
     finally:
         server.stop()
+
+
+def test_a_postgresql_ledger_renders_each_statement_once_however_many_revisions_it_holds(
+        postgres):
+    """A long session runs many revisions: no value of one is spelled into a statement, so the
+    statements rendered (and prepared on each connection) do not grow with them."""
+    from batchjson._ledger.store_base import _marked
+
+    session = Session(CallableProvider(items_reply, source="counted"),
+                      ledger=postgres.database("revisions"))
+    store = session.ledger.store
+    sizes = []
+    for n in range(4):
+        tasks = review_tasks(3 + n)  # another revision of the batch each time
+        result = session.run_batch("grown", tasks, LABEL_SCHEMA, pack=1)
+        assert result.status == "resolved"
+        revision = max(session.ledger.revisions("grown"), key=lambda r: r.number)
+        keys = [row["key"] for row in store._read(
+            "SELECT key FROM requests WHERE revision_id = ?", (revision.id,))]
+        assert len(store.requests_by_keys(keys, revision.id)) == 3 + n
+        assert store.job_window(keys, revision.id)[1] == set(keys)  # every one accepted
+        sizes.append(_marked.cache_info().currsize)
+    session.close()
+    assert sizes[1:] == sizes[1:2] * 3, sizes

@@ -295,14 +295,17 @@ class StoreBase(ABC):
         SQLite's writes always do (``BEGIN IMMEDIATE``)."""
         return None
 
-    def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None) -> list[Row]:
-        """``sql`` with ``{marks}`` bound to ``keys`` a chunk (or one array) at a time."""
+    def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None,
+                 before: tuple[Any, ...] = ()) -> list[Row]:
+        """``sql`` with ``{marks}`` bound to ``keys`` a chunk (or one array) at a time, after the
+        parameters ``before`` them (values are never spelled into a statement: each statement
+        text is rendered and prepared once)."""
         rows: list[Row] = []
         keys, dialect = list(keys), self.dialect
         step = (len(keys) or 1) if dialect.keys_as_array else CHUNK
         for start in range(0, len(keys), step):
             marks, args = dialect._bind(keys[start:start + step])
-            query = sql.format(marks=marks)
+            query, args = sql.format(marks=marks), before + args
             rows += (self._exec(tx, query, args).fetchall() if tx is not None
                      else self._read(query, args))
         return rows

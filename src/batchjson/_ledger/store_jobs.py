@@ -226,9 +226,9 @@ class JobStore(CallStore):
         history: dict[str, list[Row]] = {}
         for row in self._by_keys(
                 "SELECT a.id, a.request_key, a.kind, a.status, a.errors, a.raw, l.job_id FROM "
-                "attempts a JOIN job_lines l ON l.attempt_id = a.id WHERE a.revision_id = "
-                f"{int(revision_id)} AND a.request_key IN ({{marks}}) ORDER BY a.id",
-                [k for k in keys if k not in done]):
+                "attempts a JOIN job_lines l ON l.attempt_id = a.id WHERE a.revision_id = ? "
+                "AND a.request_key IN ({marks}) ORDER BY a.id",
+                [k for k in keys if k not in done], before=(revision_id,)):
             history.setdefault(row["request_key"], []).append(row)
         return holders, done, history
 
@@ -236,22 +236,22 @@ class JobStore(CallStore):
                          ) -> dict[str, Request]:
         """The ledger's copy of each of ``keys``: of one revision, its leaves there (its parts,
         once split); else the first recorded (a job's line may be of another revision)."""
-        sql = ("SELECT key, tasks, task_ids, position, parent_key FROM requests WHERE key IN "
-               "({marks}) ORDER BY id")
+        sql, before = ("SELECT key, tasks, task_ids, position, parent_key FROM requests WHERE "
+                       "key IN ({marks}) ORDER BY id"), ()
         if revision_id is not None:
-            sql = LEAVES_SQL.replace("{revision}", str(int(revision_id)))
+            sql, before = LEAVES_SQL, (revision_id,)
         found: dict[str, Request] = {}
-        for row in self._by_keys(sql, keys):
+        for row in self._by_keys(sql, keys, before=before):
             found.setdefault(row["key"], stored_request(row))
         return found
 
 
-# The leaf requests of revision ``{revision}`` where ``{marks}`` are: a request and every part
-# it was split into (halves, a partial return's parts) share its position.
+# The leaf requests of one revision where ``{marks}`` are: a request and every part it was split
+# into (halves, a partial return's parts) share its position.
 LEAVES_SQL = (
     "SELECT DISTINCT q.id, q.key, q.tasks, q.task_ids, q.position, q.parent_key FROM requests q "
     "JOIN requests p ON p.revision_id = q.revision_id AND p.position = q.position "
-    "WHERE q.revision_id = {revision} AND q.split = 0 AND p.key IN ({marks}) ORDER BY q.id")
+    "WHERE q.revision_id = ? AND q.split = 0 AND p.key IN ({marks}) ORDER BY q.id")
 
 
 def _unfinished_jobs(jobs: Sequence[Mapping[str, Any]], where: str, then: str) -> str | None:
