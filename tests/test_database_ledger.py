@@ -103,7 +103,7 @@ def test_tasks_beyond_ascii_with_quotes_braces_and_backslashes_are_kept_and_resu
 
 
 def test_a_write_the_server_refuses_mid_group_leaves_the_sessions_later_runs_working(
-        postgres, monkeypatch):
+        postgres, monkeypatch, caplog):
     """PostgreSQL refuses an accepted return's statement in its pipelined group (injected: a
     NUL in its task ids, which the tasks' check now refuses before any call), in two runs,
     each tried in its group and again alone: those runs fail with a LedgerError, and the
@@ -128,6 +128,8 @@ def test_a_write_the_server_refuses_mid_group_leaves_the_sessions_later_runs_wor
     result = session.run_batch("later", review_tasks(6)[2:], LABEL_SCHEMA)
     assert result.status == "resolved" and result.calls == 4
     session.close()
+    # the LedgerError says it all: no pool warning of a connection closed under it
+    assert not [r for r in caplog.records if r.name.startswith("psycopg")], caplog.text
 
 
 def test_a_calls_receipt_and_claim_are_committed_before_it_is_sent_on_either_store(ledger_at):

@@ -279,23 +279,30 @@ class PostgresStore(Store):
     @contextmanager
     def _pipelined(self, db: Any) -> Iterator[None]:
         """BEGIN, the writes and COMMIT sent as one round trip (psycopg's transaction block
-        waits at each end). After a failure the connection is closed, so the pool replaces it:
-        a statement the server refused mid-pipeline can leave psycopg counting as prepared one
-        the server dropped, failing every later use of that connection."""
+        waits at each end). A statement the server refused mid-pipeline can leave psycopg
+        counting as prepared one the server dropped, failing every later use of that
+        connection: after a failure it is rolled back and both sides forget their prepared
+        statements (psycopg does on reading ``DEALLOCATE ALL``), else closed, and the pool
+        replaces it."""
+        failure: BaseException | None = None
         try:
-            with db.pipeline() as pipe:
+            with db.pipeline():
                 db.execute("BEGIN")
                 try:
                     yield
-                except BaseException:
-                    with suppress(self._psycopg.Error):
-                        pipe.sync()  # the server drops what followed a failed statement
-                    raise
-                db.execute("COMMIT")
-        except BaseException:
-            with suppress(self._psycopg.Error):
-                db.close()  # (its transaction, if still open, ends with it: rolled back)
-            raise
+                    db.execute("COMMIT")  # (where a refused write's error may surface)
+                except BaseException as exc:  # raised once the pipeline is left: psycopg
+                    failure = exc  # would log its own failure to end it beside this one
+        except BaseException as exc:  # ending it: the first failure, or what followed it
+            failure = failure or exc
+        if failure is not None:
+            try:
+                db.rollback()
+                db.execute("DEALLOCATE ALL")
+            except Exception:  # noqa: BLE001 - a connection that cannot: replaced by the pool
+                with suppress(self._psycopg.Error):
+                    db.close()
+            raise failure
 
     def _error(self, what: str, exc: BaseException) -> LedgerError:
         error = LedgerError(what, path=self._public, cause=exc)
