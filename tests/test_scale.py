@@ -347,7 +347,7 @@ def test_a_revisions_tasks_digest_is_that_of_the_whole_array_fed_in_slices(monke
             tasks = [{"task_id": f"t{i}", "prompt": text, "n": i,
                       "nested": [1, {"b": 2, "a": None}]} for i in range(n)]
             whole = sha(json.dumps(tasks, sort_keys=True, separators=(",", ":")))
-            held, _ = normalize_tasks(iter(tasks), normalize_identity(None), pack=2)
+            held, _, _ = normalize_tasks(iter(tasks), normalize_identity(None), pack=2)
             assert keys_module.tasks_digest(tasks) == keys_module.tasks_digest(held) == whole
 
 
@@ -358,7 +358,7 @@ def test_checked_tasks_are_held_as_request_texts_and_read_back_as_given():
     from batchjson._content.tasks import normalize_identity, normalize_tasks
 
     tasks = [dict(t, note="é\u2028", n=i) for i, t in enumerate(review_tasks(23))]
-    held, texts = normalize_tasks(iter(tasks), normalize_identity(None), pack=5)
+    held, texts, _ = normalize_tasks(iter(tasks), normalize_identity(None), pack=5)
     assert len(texts) == 5 and not isinstance(held, list)
     assert len(held) == 23 and held == tasks and list(held) == tasks
     assert held[0] == tasks[0] and held[-1] == tasks[-1] and held[4:11] == tasks[4:11]

@@ -46,7 +46,7 @@ def task_lists(draw):
 @given(task_lists(), st.integers(1, 4),
        st.dictionaries(st.sampled_from(KEY_COMPONENTS), st.text(), min_size=1))
 def test_packed_keys_equal_request_key_on_any_content(tasks, pack, components):
-    normalized, texts = normalize_tasks(tasks, ("task_id",))  # case_id: any JSON
+    normalized, texts, _ = normalize_tasks(tasks, ("task_id",))  # case_id: any JSON
     keys = Keys({**components, "source": "s"})
     content = keys.content
     requests = keys.pack(normalized, pack, texts)
@@ -94,10 +94,21 @@ def varied_tasks() -> list[dict]:
     ]
 
 
+@settings(max_examples=100, deadline=None)
+@given(task_lists(), st.sampled_from([None, 1, 3]))
+def test_the_field_names_read_while_checking_are_those_of_the_tasks_as_the_ledger_holds_them(
+        tasks, pack):
+    """What an echoing identity holds a return to, and a tasks file's memo keeps: every field,
+    in the order the ledger's JSON first shows it (keys sorted), read while the tasks are
+    checked rather than by decoding them again."""
+    held, _, fields = normalize_tasks(tasks, ("task_id",), pack=pack)
+    assert fields == tuple(dict.fromkeys(key for task in held for key in task))
+
+
 def test_keys_of_varied_tasks_do_not_change():
     """Pinned keys and revision digest over varied content: a faster encoding of tasks that
     moved any of them would leave every ledger written before unable to resume."""
-    tasks, _ = normalize_tasks(varied_tasks(), ("task_id", "case_id"), pack=2)
+    tasks, _, _ = normalize_tasks(varied_tasks(), ("task_id", "case_id"), pack=2)
     assert tasks_digest(tasks) == (
         "58418f2281e86ba394a961a9f946b255b75ed0f46eb6bc1c49b28c9f94df3d7c")
     assert [r.key for r in KEYS.window(tasks, 0, 2)] == [
@@ -110,8 +121,8 @@ def test_keys_of_varied_tasks_do_not_change():
 
 
 def test_ledger_round_trip_keeps_the_same_prompt_and_children():
-    tasks, texts = normalize_tasks([{"task_id": f"t{i}", "prompt": f"p{i}", "x": {"b": 1, "a": 2}}
-                                    for i in range(3)], ("task_id",))
+    tasks, texts, _ = normalize_tasks([{"task_id": f"t{i}", "prompt": f"p{i}",
+                                        "x": {"b": 1, "a": 2}} for i in range(3)], ("task_id",))
     (packed,) = KEYS.pack(tasks, 3, texts)
     reloaded = Request(packed.key, tuple(json.loads(packed.tasks_json)), packed.position)
     prompt = render_items_prompt(packed.tasks, ("task_id",), None, packed.tasks_json)
@@ -122,7 +133,7 @@ def test_ledger_round_trip_keeps_the_same_prompt_and_children():
 @settings(max_examples=100, deadline=None)
 @given(task_lists(), st.dictionaries(st.text(), st.text(), min_size=1))
 def test_spliced_keys_equal_request_key_for_any_content_names(tasks, content):
-    normalized, _ = normalize_tasks(tasks, ("task_id",))
+    normalized, _, _ = normalize_tasks(tasks, ("task_id",))
     assert key_maker(content)(json.dumps(normalized, sort_keys=True, separators=(",", ":"),
                                          ensure_ascii=False)) == request_key(normalized, content)
 
@@ -142,7 +153,7 @@ def test_a_remembered_key_is_the_key_however_many_texts_came_between(monkeypatch
 
 
 def test_an_enum_member_as_an_identity_value_is_held_as_the_scalar_it_encodes_to():
-    tasks, _ = normalize_tasks([{"task_id": "a", "prompt": "p", "case_id": Shade.DARK}],
+    tasks, _, _ = normalize_tasks([{"task_id": "a", "prompt": "p", "case_id": Shade.DARK}],
                                ("task_id", "case_id"))
     assert tasks == [{"task_id": "a", "prompt": "p", "case_id": "dark"}]
     assert type(tasks[0]["case_id"]) is str

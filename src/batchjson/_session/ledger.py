@@ -195,7 +195,7 @@ def _check(number: int, record: Any, validators: Mapping[str, Any]) -> Line:
                        f"{len(record['tasks'])}")
     identity = _identity_rule(record, own)
     try:
-        tasks, texts = normalize_tasks(record["tasks"], identity)
+        tasks, texts, _ = normalize_tasks(record["tasks"], identity)
         schema = compile_schema(record.get("schema") or {})
     except InvalidBatch as exc:
         raise _Refused(str(exc)) from None

@@ -18,7 +18,6 @@ import tokenize
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Annotated, Any, Literal
 
 import jsonschema
@@ -102,10 +101,12 @@ class RunSpec:
         """The content, checked and in the ledger's JSON form (``on_read(n)``: n more read)."""
         identity = normalize_identity(self.identity)
         hasher = hashlib.sha256() if is_task_file(self.tasks) else None
-        tasks, _ = normalize_tasks(self.tasks, identity, hasher, pack=self.pack, on_read=on_read)
+        tasks, _, fields = normalize_tasks(self.tasks, identity, hasher, pack=self.pack,
+                                           on_read=on_read)
         schema = compile_schema(self.schema)
         check_mode(tasks, identity, self.mode, self.pack, self.validator, self.validator_args)
-        checked = CheckedRun(tasks, schema, identity, hasher.hexdigest() if hasher else None)
+        checked = CheckedRun(tasks, schema, identity, hasher.hexdigest() if hasher else None,
+                             fields)
         check_schema(checked, self.mode)
         return checked
 
@@ -119,12 +120,7 @@ class CheckedRun:
     schema: ItemSchema
     identity: Identity
     file_digest: str | None = None  # the SHA-256 of a tasks file's bytes, as they were read
-
-    @cached_property
-    def fields(self) -> tuple[str, ...]:
-        """Every field name of the tasks, in the order first seen: one pass over them, read when
-        first asked for (an echoing identity's candidates, a tasks file's memo)."""
-        return tuple(dict.fromkeys(key for task in self.tasks for key in task))
+    fields: tuple[str, ...] = ()  # every field name of the tasks, in the order first seen
 
 
 def check_text(label: str, value: Any, example: str, *, required: bool = False,
