@@ -100,7 +100,7 @@ def test_tasks_spilled_to_disk_give_the_keys_and_values_a_list_gives(tmp_path, m
     whole = Session(CallableProvider(items_reply), ledger=tmp_path / "whole.sqlite").run_batch(
         "b", tasks, LABEL_SCHEMA, pack=4)
     monkeypatch.setattr(spool, "SPILL_CHARS", 100)
-    held, texts = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
+    held, texts, _ = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
                                                pack=4)
     assert texts._file is not None and list(held) == tasks and held[44] == tasks[44]
     spilled = Session(CallableProvider(items_reply), ledger=tmp_path / "disk.sqlite").run_batch(
@@ -112,7 +112,7 @@ def test_tasks_spilled_to_disk_give_the_keys_and_values_a_list_gives(tmp_path, m
 def test_a_duplicate_id_is_refused_by_its_positions_even_when_every_hash_collides(monkeypatch):
     monkeypatch.setattr(tasks_module, "hash", lambda text: 7, raising=False)  # every id alike
     tasks = review_tasks(30)
-    held, _ = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
+    held, _, _ = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
                                            pack=4)
     assert list(held) == tasks  # alike hashes, different ids: nothing refused
     with pytest.raises(InvalidBatch, match=r"duplicate task_id .*-candidate-130' \(tasks #3 "
@@ -134,7 +134,7 @@ def test_ids_alike_in_their_kept_hash_bits_are_told_apart_by_the_ids(monkeypatch
             for low, high in zip(ids._low, ids._high, strict=True) if low]
     assert kept == [(30, {0}, {0})]  # every id's short hash alike, in one bucket
     ids.refuse_repeats(number)
-    held, _ = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
+    held, _, _ = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
                                            pack=4)
     assert list(held) == tasks
     with pytest.raises(InvalidBatch, match=r"duplicate task_id .*-candidate-132' \(tasks #5 "
