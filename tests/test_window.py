@@ -100,8 +100,8 @@ def test_tasks_spilled_to_disk_give_the_keys_and_values_a_list_gives(tmp_path, m
     whole = Session(CallableProvider(items_reply), ledger=tmp_path / "whole.sqlite").run_batch(
         "b", tasks, LABEL_SCHEMA, pack=4)
     monkeypatch.setattr(spool, "SPILL_CHARS", 100)
-    held, texts, _ = tasks_module.normalize_tasks(iter(tasks), tasks_module.normalize_identity(None),
-                                               pack=4)
+    held, texts, _ = tasks_module.normalize_tasks(
+        iter(tasks), tasks_module.normalize_identity(None), pack=4)
     assert texts._file is not None and list(held) == tasks and held[44] == tasks[44]
     spilled = Session(CallableProvider(items_reply), ledger=tmp_path / "disk.sqlite").run_batch(
         "b", iter(tasks), LABEL_SCHEMA, pack=4)
