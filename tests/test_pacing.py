@@ -381,17 +381,23 @@ def _counted_when_refused(srv: LoopbackServer, spec: RunSpec, limit: int) -> int
     return None
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_CONTEXTS = st.one_of(_HOSTILE_TEXT, st.lists(st.one_of(st.integers(), _HOSTILE_TEXT),
+                                              max_size=40),
+                      st.dictionaries(_HOSTILE_TEXT, _HOSTILE_TEXT, max_size=8))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases=st.lists(_IDENTITY_VALUES, min_size=1, max_size=6, unique_by=repr),
        notes=st.lists(_HOSTILE_TEXT, min_size=6, max_size=6), pack=st.integers(1, 4),
-       value_mode=st.booleans())
+       value_mode=st.booleans(), context=_CONTEXTS)
 def test_a_request_one_token_over_the_limit_is_refused_whatever_its_text(
-        cases: list, notes: list[str], pack: int, value_mode: bool) -> None:
+        cases: list, notes: list[str], pack: int, value_mode: bool, context: object) -> None:
     """The check reads each request's size from its text before rendering any prompt: that
     reading never counts fewer tokens than the rendered request, so none over the limit passes
-    (identity values a return echoes: text beyond ASCII, escapes, numbers in any form)."""
+    (identity values a return echoes: text beyond ASCII, escapes, numbers in any form; a
+    value's context a list or dict, which its prompt shows as Python writes it)."""
     if value_mode:
-        tasks = [{"task_id": f"t{i}", "prompt": note, "context": repr(case)}
+        tasks = [{"task_id": f"t{i}", "prompt": note, "context": context if i else repr(case)}
                  for i, (case, note) in enumerate(zip(cases, notes, strict=False))]
         spec = RunSpec(name="v", tasks=tasks, schema={"enum": ["yes", "no"]}, mode="value")
     else:
@@ -402,5 +408,17 @@ def test_a_request_one_token_over_the_limit_is_refused_whatever_its_text(
     with LoopbackServer() as srv:
         largest = _counted_when_refused(srv, spec, 1)
         assert largest is not None and largest > 1
+        assert _counted_when_refused(srv, spec, largest - 1) == largest
+        assert srv.requests == 0
+
+
+def test_a_value_request_whose_context_is_a_list_over_the_limit_is_refused() -> None:
+    """Its prompt shows the context as Python writes a list (a space after each comma): longer
+    than the request's JSON text, so no size read from that text may wave it through."""
+    tasks = [{"task_id": "t0", "prompt": "Sum these.", "context": [0] * 2000}]
+    spec = RunSpec(name="v", tasks=tasks, schema={"type": "integer"}, mode="value")
+    with LoopbackServer() as srv:
+        largest = _counted_when_refused(srv, spec, 1)
+        assert largest is not None
         assert _counted_when_refused(srv, spec, largest - 1) == largest
         assert srv.requests == 0

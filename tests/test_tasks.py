@@ -105,6 +105,24 @@ def test_the_field_names_read_while_checking_are_those_of_the_tasks_as_the_ledge
     assert fields == tuple(dict.fromkeys(key for task in held for key in task))
 
 
+class _Field(str, enum.Enum):  # noqa: UP042 - str() of this one is "_Field.COLOR"
+    COLOR = "color"
+
+
+def test_the_fields_a_result_compares_if_echoed_are_plain_text_for_enum_keys() -> None:
+    """A caller's dicts keyed by a str enum: the names a result shows are the text the ledger
+    holds, never the enum members."""
+    from batchjson import CallableProvider, Session
+    from tests.helpers import LABEL_SCHEMA, items_reply, review_tasks
+
+    tasks = [{**task, _Field.COLOR: "red"} for task in review_tasks(3)]
+    session = Session(CallableProvider(items_reply), ledger=":memory:")
+    result = session.run_batch("enum-keys", tasks, LABEL_SCHEMA)
+    session.close()
+    assert result.compared_if_echoed == ("candidate_id", "case_id", "color")
+    assert [type(name) for name in result.compared_if_echoed] == [str, str, str]
+
+
 def test_keys_of_varied_tasks_do_not_change():
     """Pinned keys and revision digest over varied content: a faster encoding of tasks that
     moved any of them would leave every ledger written before unable to resume."""

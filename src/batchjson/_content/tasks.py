@@ -69,7 +69,8 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
             ids.refuse_repeats(so_far(*mine))
             raise
         if not names.keys() >= task.keys():  # fields not seen before, in its JSON's order
-            names.update(dict.fromkeys(sorted(task)))  # (keys all text: no others sort with it)
+            # as text (an enum's key too), as JSON writes it; keys all text: no others sort
+            names.update(dict.fromkeys(map(str.__str__, sorted(task))))
         # a caller may refill or change its dict once yielded: what names it later is its id
         chunk.ids.append(task["task_id"])
         if keep:
@@ -372,14 +373,11 @@ def shared_head(instructions: str | None) -> str:
     return f"{instructions.strip()}\n\n" if instructions and instructions.strip() else ""
 
 
-CONTEXT_HEAD = "\n\nContext:\n"
-
-
 def render_value_prompt(task: Mapping[str, Any]) -> str:
     """The droste-style prompt: the caller's prompt, then its context if any."""
     prompt = task["prompt"]
     context = task.get("context")
-    return prompt if context is None else f"{prompt}{CONTEXT_HEAD}{context}"
+    return prompt if context is None else f"{prompt}\n\nContext:\n{context}"
 
 
 def render_repair_prompt(prompt: str, raw: str, errors: Sequence[Mapping[str, Any]],

@@ -12,7 +12,6 @@ from typing import Any
 from .._content.keys import Keys
 from .._content.schema import ItemSchema, largest_answer, wire_schema
 from .._content.tasks import (
-    CONTEXT_HEAD,
     Request,
     TextSpool,
     items_prompt_chars,
@@ -151,12 +150,13 @@ def first_prompt(plan: Plan, request: Request) -> str:
                                request.tasks_json)
 
 
-def most_prompt_chars(plan: Plan, count: int, tasks_chars: int) -> int:
-    """At least the length of :func:`first_prompt` of ``count`` tasks whose JSON text has
-    ``tasks_chars``: a packed prompt holds that text as it is, a value's prompt and context are
-    in it escaped."""
+def most_prompt_chars(plan: Plan, count: int, tasks_chars: int) -> int | None:
+    """The length of a packed :func:`first_prompt` of ``count`` tasks whose JSON text has
+    ``tasks_chars``: it holds that text as it is. None for a value's prompt, whose context, when
+    not text, is shown as Python writes it (a space after each separator, unprintable
+    characters escaped: longer than its JSON)."""
     if plan.mode == "value":
-        return tasks_chars + len(CONTEXT_HEAD)
+        return None
     return items_prompt_chars(count, plan.identity, plan.instructions, tasks_chars)
 
 

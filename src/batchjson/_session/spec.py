@@ -527,15 +527,22 @@ def _pack_fits(cap: int, measured: float | None, schema: ItemSchema, largest: Re
         "was sent")
 
 
-def _most_tokens(plan: Plan, system_chars: int, pending: Iterable[Request], provider: Any) -> int:
-    """At least the tokens any of ``pending`` counts, from the length of each one's text."""
+def _most_tokens(plan: Plan, system_chars: int, pending: Iterable[Request],
+                 provider: Any) -> int | None:
+    """At least the tokens any of ``pending`` counts, from the length of each one's text; None
+    where a prompt's length is not read so (a value's)."""
     longest: dict[int, int] = {}  # the longest text of each number of tasks
     for request in pending:
         count, chars = len(request.tasks), len(request.tasks_json)
         longest[count] = max(chars, longest.get(count, 0))
-    return max(request_tokens_of(system_chars + most_prompt_chars(plan, count, chars),
-                              call_output_cap(provider, plan.most_answer_chars(count, chars)))
-               for count, chars in longest.items())
+    most = 0
+    for count, chars in longest.items():
+        prompt_chars = most_prompt_chars(plan, count, chars)
+        if prompt_chars is None:
+            return None
+        most = max(most, request_tokens_of(system_chars + prompt_chars, call_output_cap(
+            provider, plan.most_answer_chars(count, chars))))
+    return most
 
 
 def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provider: Any) -> None:
@@ -545,7 +552,8 @@ def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provide
     if not limit or not pending:
         return
     system = system_prompt(plan)
-    if _most_tokens(plan, len(system), pending, provider) <= limit:
+    most = _most_tokens(plan, len(system), pending, provider)
+    if most is not None and most <= limit:
         return  # none can count more: no prompt is rendered (a million of them, before a run)
     caps = {r.key: call_output_cap(provider, plan.answer_chars(r.tasks)) for r in pending}
     largest, request = max(((request_tokens(system, first_prompt(plan, r), caps[r.key]), r)
