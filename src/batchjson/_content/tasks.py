@@ -38,15 +38,15 @@ CHUNK = 10_000  # tasks decoded back at once: one json.loads each, and a bounded
 
 def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                     identity: Sequence[str], hasher: Any = None, pack: int | None = None,
-                    on_read: Callable[[int], Any] | None = None,
-                    ) -> tuple[Sequence[dict], Sequence[str], tuple[str, ...]]:
+                    on_read: Callable[[int], Any] | None = None, note_fields: bool = True,
+                    ) -> tuple[Sequence[dict], Sequence[str], tuple[str, ...] | None]:
     """Check every task before anything is spent, naming the first bad one and the fix. ``tasks``:
     a list, any iterable (read once) or a JSON Lines file's path. Returns the tasks in the
     ledger's form, their canonical JSON texts (one per ``pack`` tasks), each task held once, as
-    text, and every field name in the order the ledger's form first shows it; ``hasher`` is fed
-    a file's bytes, ``on_read(1)`` told of each task checked."""
+    text, and (``note_fields``; else None) every field name in the order the ledger's form first
+    shows it; ``hasher`` is fed a file's bytes, ``on_read(1)`` told of each task checked."""
     identity = normalize_identity(identity)
-    names: dict[str, None] = {}
+    names: dict[str, None] | None = {} if note_fields else None
     keep = is_task_file(tasks) and not pack  # a file's tasks are JSON already: kept as read
     ids = TaskIds()
     out: list[dict] = []
@@ -68,8 +68,8 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
             ids.update(chain(chunk.ids, mine))
             ids.refuse_repeats(so_far(*mine))
             raise
-        if not names.keys() >= task.keys():  # fields not seen before, in its JSON's order
-            # as text (an enum's key too), as JSON writes it; keys all text: no others sort
+        if names is not None and not names.keys() >= task.keys():  # fields not seen before
+            # in its JSON's order, as text (an enum's key too); keys all text: no others sort
             names.update(dict.fromkeys(map(str.__str__, sorted(task))))
         # a caller may refill or change its dict once yielded: what names it later is its id
         chunk.ids.append(task["task_id"])
@@ -85,7 +85,8 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     ids.refuse_repeats(so_far())
     if not count:
         raise InvalidBatch("empty batch: pass at least one task")
-    return (PackedTasks(texts, pack, count) if pack else out), texts, tuple(names)
+    return ((PackedTasks(texts, pack, count) if pack else out), texts,
+            None if names is None else tuple(names))
 
 
 class Chunk(NamedTuple):

@@ -18,6 +18,7 @@ import tokenize
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 import jsonschema
@@ -101,8 +102,9 @@ class RunSpec:
         """The content, checked and in the ledger's JSON form (``on_read(n)``: n more read)."""
         identity = normalize_identity(self.identity)
         hasher = hashlib.sha256() if is_task_file(self.tasks) else None
-        tasks, _, fields = normalize_tasks(self.tasks, identity, hasher, pack=self.pack,
-                                           on_read=on_read)
+        tasks, _, fields = normalize_tasks(  # the names an echo or a tasks file's memo reads
+            self.tasks, identity, hasher, pack=self.pack, on_read=on_read,
+            note_fields=identity.echo or hasher is not None)
         schema = compile_schema(self.schema)
         check_mode(tasks, identity, self.mode, self.pack, self.validator, self.validator_args)
         checked = CheckedRun(tasks, schema, identity, hasher.hexdigest() if hasher else None,
@@ -120,7 +122,15 @@ class CheckedRun:
     schema: ItemSchema
     identity: Identity
     file_digest: str | None = None  # the SHA-256 of a tasks file's bytes, as they were read
-    fields: tuple[str, ...] = ()  # every field name of the tasks, in the order first seen
+    noted_fields: tuple[str, ...] | None = None  # :attr:`fields`, if noted while checking
+
+    @cached_property
+    def fields(self) -> tuple[str, ...]:
+        """Every field name of the tasks, in the order first seen: noted while they were checked
+        where a run reads them (an echoing identity, a tasks file's memo), else one pass."""
+        if self.noted_fields is not None:
+            return self.noted_fields
+        return tuple(dict.fromkeys(key for task in self.tasks for key in task))
 
 
 def check_text(label: str, value: Any, example: str, *, required: bool = False,
