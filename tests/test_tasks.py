@@ -101,7 +101,7 @@ def test_the_field_names_read_while_checking_are_those_of_the_tasks_as_the_ledge
     """What an echoing identity holds a return to, and a tasks file's memo keeps: every field,
     in the order the ledger's JSON first shows it (keys sorted), read while the tasks are
     checked rather than by decoding them again."""
-    held, _, fields = normalize_tasks(tasks, ("task_id",), pack=pack)
+    held, _, fields = normalize_tasks(tasks, ("task_id",), pack=pack, note_fields=True)
     assert fields == tuple(dict.fromkeys(key for task in held for key in task))
 
 

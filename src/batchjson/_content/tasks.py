@@ -38,7 +38,7 @@ CHUNK = 10_000  # tasks decoded back at once: one json.loads each, and a bounded
 
 def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
                     identity: Sequence[str], hasher: Any = None, pack: int | None = None,
-                    on_read: Callable[[int], Any] | None = None, note_fields: bool = True,
+                    on_read: Callable[[int], Any] | None = None, note_fields: bool = False,
                     ) -> tuple[Sequence[dict], Sequence[str], tuple[str, ...] | None]:
     """Check every task before anything is spent, naming the first bad one and the fix. ``tasks``:
     a list, any iterable (read once) or a JSON Lines file's path. Returns the tasks in the

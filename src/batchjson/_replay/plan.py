@@ -14,7 +14,6 @@ from .._content.schema import ItemSchema, largest_answer, wire_schema
 from .._content.tasks import (
     Request,
     TextSpool,
-    items_prompt_chars,
     render_items_prompt,
     render_value_prompt,
     sha,
@@ -148,16 +147,6 @@ def first_prompt(plan: Plan, request: Request) -> str:
         return render_value_prompt(request.tasks[0])
     return render_items_prompt(request.tasks, plan.identity, plan.instructions,
                                request.tasks_json)
-
-
-def most_prompt_chars(plan: Plan, count: int, tasks_chars: int) -> int | None:
-    """The length of a packed :func:`first_prompt` of ``count`` tasks whose JSON text has
-    ``tasks_chars``: it holds that text as it is. None for a value's prompt, whose context, when
-    not text, is shown as Python writes it (a space after each separator, unprintable
-    characters escaped: longer than its JSON)."""
-    if plan.mode == "value":
-        return None
-    return items_prompt_chars(count, plan.identity, plan.instructions, tasks_chars)
 
 
 def make_call(plan: Plan, system: str, request: Request, kind: CallKind, prompt: str,

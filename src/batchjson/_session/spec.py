@@ -29,7 +29,14 @@ from .._checks import Count, CountOrNone, Flag, Positive, Seconds, options
 from .._content.schema import MISSING as _MISSING
 from .._content.schema import ItemSchema, compile_schema, smallest_answers, wire_schema
 from .._content.schema import resolve_pointer as _resolve
-from .._content.tasks import Identity, Request, is_task_file, normalize_identity, normalize_tasks
+from .._content.tasks import (
+    Identity,
+    Request,
+    is_task_file,
+    items_prompt_chars,
+    normalize_identity,
+    normalize_tasks,
+)
 from .._errors import ConfigError, InvalidBatch, ProviderSetupError
 from .._fingerprint.fingerprint import unwrap_callable
 from .._ledger import Ledger
@@ -37,7 +44,7 @@ from .._providers.ratelimits import request_tokens, request_tokens_of
 from .._providers.settings import call_output_cap, declared_output_cap
 from .._replay.budget import Budget
 from .._replay.pacing import Pacer, pack_that_fits
-from .._replay.plan import Plan, first_prompt, most_prompt_chars, system_prompt
+from .._replay.plan import Plan, first_prompt, system_prompt
 from .._secrets import check_name
 
 Mode = Literal["items", "value"]
@@ -540,19 +547,18 @@ def _pack_fits(cap: int, measured: float | None, schema: ItemSchema, largest: Re
 def _most_tokens(plan: Plan, system_chars: int, pending: Iterable[Request],
                  provider: Any) -> int | None:
     """At least the tokens any of ``pending`` counts, from the length of each one's text; None
-    where a prompt's length is not read so (a value's)."""
+    for a value's prompt, whose context, when not text, is shown as Python writes it (a space
+    after each separator, unprintable characters escaped: longer than its JSON)."""
+    if plan.mode != "items":
+        return None
     longest: dict[int, int] = {}  # the longest text of each number of tasks
     for request in pending:
         count, chars = len(request.tasks), len(request.tasks_json)
         longest[count] = max(chars, longest.get(count, 0))
-    most = 0
-    for count, chars in longest.items():
-        prompt_chars = most_prompt_chars(plan, count, chars)
-        if prompt_chars is None:
-            return None
-        most = max(most, request_tokens_of(system_chars + prompt_chars, call_output_cap(
-            provider, plan.most_answer_chars(count, chars))))
-    return most
+    return max(request_tokens_of(  # a packed prompt holds its request's text as it is
+        system_chars + items_prompt_chars(count, plan.identity, plan.instructions, chars),
+        call_output_cap(provider, plan.most_answer_chars(count, chars)))
+        for count, chars in longest.items())
 
 
 def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provider: Any) -> None:
