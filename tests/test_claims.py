@@ -361,3 +361,54 @@ def test_a_call_longer_than_the_lease_keeps_its_claim_while_it_runs(ledger_at):
     assert ledger_rows(path, "SELECT status FROM attempts") == [("accepted",)]
     assert checkpoint_problems(path) == []
 
+
+
+def test_one_transaction_claiming_and_admitting_a_request_twice_keeps_the_order_written(
+        ledger_at):
+    """A group commit's writes take effect in the order they were made, however the store
+    sends them (PostgreSQL sends a transaction's claims, and accepted returns next to each
+    other, as arrays): of two runners' claims of one request the first wins and the second
+    is held; of two returns of it the first is admitted and the second kept as paid, naming
+    the first. Fault: one statement claiming a row twice (refused by the server, failing the
+    group), or two returns in one statement each read as the first."""
+    from batchjson._content.tasks import stored_request
+    from batchjson._ledger.store_base import Later
+    from batchjson._ledger.store_calls import HELD, MINE, Owner
+
+    path = ledger_at()
+    keys = _prepare(path, 2)
+    ledger = Ledger(path)
+    store = ledger.store
+    (revision_id, batch_id), = store._read("SELECT current_revision, id FROM batches")
+    requests = {r.key: r for r in (stored_request(row) for row in store._read(
+        "SELECT key, tasks, task_ids, position, parent_key FROM requests"))}
+    owners = [Owner.start("first"), Owner.start("second")]
+    try:
+        with store.transaction(calls=True) as tx:
+            laters = [store.begin_call_later(tx, batch_id, revision_id, requests[key],
+                                             "initial", "callable", None, SOURCE, owner=owner)
+                      for key in keys for owner in owners]
+            sent = [later() for later in laters]
+        claimed = [state() if isinstance(state, Later) else state for state in sent]
+        assert [state for state, _ in claimed] == [MINE, HELD, MINE, HELD]
+        first, other = claimed[0][1], claimed[2][1]
+        task = requests[keys[0]].task_ids[0]
+        late, = ledger_write(path, (
+            "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
+            "started_at, uid, owner) SELECT batch_id, revision_id, request_key, task_ids, "
+            "kind, status, started_at, 'u-late', owner FROM attempts WHERE id = ?", (first,)))
+        with store.transaction(calls=True) as tx:
+            for attempt, key, verdict in ((first, keys[0], "first"), (late, keys[0], "late"),
+                                          (other, keys[1], "other")):
+                store.complete_call(tx, attempt, "accepted", "{}", {}, accepted=(
+                    batch_id, key, {requests[key].task_ids[0]: json.dumps(verdict)}))
+    finally:
+        for owner in owners:
+            owner.stop()
+        ledger.close()
+    rows = dict(ledger_rows(path, "SELECT id, status FROM attempts"))
+    assert (rows[first], rows[late], rows[other]) == ("accepted", "rejected", "accepted")
+    (errors,), = ledger_rows(path, "SELECT errors FROM attempts WHERE id = ?", late)
+    assert f"attempt {first} of another runner" in errors
+    assert ledger_rows(path, "SELECT item FROM checkpoint WHERE task_id = ?", task) == [
+        ('"first"',)]

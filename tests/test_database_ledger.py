@@ -181,6 +181,54 @@ def test_a_group_of_claims_or_accepted_returns_costs_one_round_trip_on_postgresq
     assert len(waits) < 40 and set(waits[1:-1]) == {1}, str(waits)
 
 
+def test_a_group_of_calls_is_claimed_in_one_statement_and_admitted_in_two_on_postgresql(
+        postgres, monkeypatch):
+    """Counted in libpq's protocol trace: however many calls a transaction of their writes
+    holds, their claims and receipts are one statement, and their accepted returns two (the
+    requests' admission locks, then the rows). Fault: a statement for each call, so the work
+    of client and server grows with the group (as before the claims and returns went as
+    arrays)."""
+    from batchjson._ledger import postgres as pg
+
+    session = Session(CallableProvider(items_reply, source="counted"),
+                      ledger=postgres.database("statements"), concurrency=8)
+    store, groups = session.ledger.store, []
+    calls_transaction = store._calls_transaction
+    for name in ("_Claims", "_Accepts"):
+        added = getattr(pg, name).add
+
+        def counting(self, *args, added=added, name=name):
+            groups[-1][name] += 1
+            return added(self, *args)
+
+        monkeypatch.setattr(getattr(pg, name), "add", counting)
+
+    @contextlib.contextmanager
+    def traced():
+        groups.append({"_Claims": 0, "_Accepts": 0})
+        with tempfile.TemporaryFile("w+b") as log:
+            with calls_transaction() as tx:
+                tx.pgconn.trace(log.fileno())
+                yield tx
+            tx.pgconn.untrace()
+            log.seek(0)
+            groups[-1]["statements"] = sum(  # COMMIT too (BEGIN was sent before the trace)
+                parts[1] == b"F" and parts[3].startswith(b"Bind")
+                for parts in (line.split(b"\t") for line in log.read().splitlines())
+                if len(parts) > 3)
+
+    store._calls_transaction = traced
+    result = session.run_batch("r", review_tasks(40), LABEL_SCHEMA, pack=1)
+    session.close()
+    assert result.status == "resolved" and result.calls == 40
+    calls = [g for g in groups if g["_Claims"] or g["_Accepts"]]  # not joining the hosts
+    assert sum(g["_Claims"] for g in calls) == sum(g["_Accepts"] for g in calls) == 40
+    assert max(g["_Claims"] for g in calls) >= 4 and max(g["_Accepts"] for g in calls) >= 4
+    for group in calls:
+        assert group["statements"] == 1 + bool(group["_Claims"]) + 2 * bool(
+            group["_Accepts"]), groups
+
+
 def test_the_command_line_reads_and_budgets_a_database_ledger_and_never_prints_its_password(
         postgres: Any, tmp_path: Path) -> None:
     url = with_password(postgres.database("cli_ledger"))

@@ -161,6 +161,7 @@ def test_two_returns_of_a_taken_over_pack_written_at_once_on_postgresql_admit_it
     written, and held uncommitted, while A's return, judged in part, is written too. Fault:
     each write reads the other as not yet admitted, so both commit the pack's items (under
     the pack's key and a part's, or two parts') and a part is asked for again, paid twice."""
+    from batchjson._ledger import postgres as postgres_store
     from batchjson._ledger.postgres import PostgresStore
 
     path, tasks = postgres.database(f"race_{b_returns.replace(' ', '_')}"), review_tasks(4)
@@ -168,21 +169,27 @@ def test_two_returns_of_a_taken_over_pack_written_at_once_on_postgresql_admit_it
     b_loop: list[int] = []  # the thread B's writes run on
     sent: dict[str, list[int]] = {"a": [], "b": []}
 
-    def raced(admit):  # B's admitting write held open (uncommitted) while A's is written
+    def raced(admit, sending=lambda writer: True):
+        """B's admitting write sent and held open (uncommitted) while A's is written."""
         def write(self, *args, **kwargs):
             if threading.get_ident() not in b_loop:
-                a_writing.set()
+                if admit is partial_write:  # A's return, judged in part, is written
+                    a_writing.set()
                 return admit(self, *args, **kwargs)
+            sends = sending(self)
             out = admit(self, *args, **kwargs)
-            if not b_written.is_set():
+            if sends and not b_written.is_set():
                 b_written.set()
                 assert a_writing.wait(WAIT)
                 time.sleep(0.5)  # A's write reaches the server and reads what is admitted
             return out
         return write
 
-    for name in ("_accept_call", "_complete_partial"):
-        monkeypatch.setattr(PostgresStore, name, raced(getattr(PostgresStore, name)))
+    # an accepted return is sent with those next to it (``_Accepts``), a partial one at once
+    partial_write, accepts_sent = PostgresStore._complete_partial, postgres_store._Accepts.send
+    monkeypatch.setattr(PostgresStore, "_complete_partial", raced(partial_write))
+    monkeypatch.setattr(postgres_store._Accepts, "send",
+                        raced(accepts_sent, lambda accepts: bool(accepts._returns)))
 
     def model_a(sending: threading.Event):
         def answer(call):

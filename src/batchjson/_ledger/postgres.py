@@ -19,7 +19,6 @@ from .store_base import MERGED, POSTGRES, Later, Row, Tx, _version_problem
 from .store_calls import (
     ACCEPTED,
     CLAIM_INTO,
-    COMPLETE_SQL,
     HELD,
     MINE,
     OVER,
@@ -71,38 +70,69 @@ SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
        EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM again), {_BUDGETED}
 """
 
-# Without a ledger budget: the claim first (decided by its key), then its receipt, nothing
-# written unless it is won; nothing is read before COMMIT (a group claims in one round trip).
-_RECEIPT_NAMED = ("INSERT INTO attempts(id, status, " + ", ".join(RECEIPT_COLUMNS) + ") SELECT "
-                  "attempt_id, 'in_flight', " + ", ".join(f"%({c})s" for c in RECEIPT_COLUMNS))
+# Without a ledger budget, a transaction's claims in one statement (each column of their
+# receipts and claims one array; their keys distinct): each request's claim first (decided by
+# its key), then its receipt, nothing written unless it is won and nothing read before COMMIT;
+# a row of the answer for each, in their order.
 _NEXT_ID = "nextval(pg_get_serial_sequence('attempts', 'id'))"
-CLAIM = f"""
-WITH {_JOB},
-free AS (SELECT 1 FROM job WHERE NOT {_SETTLED} AND NOT {_BUDGETED}),
-claim AS ({_CLAIM_AS.format(claimed=_NEXT_ID, CLOCK=CLOCK)}
-    UPDATE SET attempt_id = excluded.attempt_id,
+_TYPES = {"batch_id": "bigint", "revision_id": "bigint", "estimated_input_tokens": "bigint",
+          "cost_floor": "float8", "reserved": "float8", "pid": "bigint"}
+_GROUP_COLUMNS = (*RECEIPT_COLUMNS, "host", "pid", "session")
+_GROUP_INPUT = ("input AS (SELECT * FROM unnest(" + ", ".join(
+    f"%b::{_TYPES.get(c, 'text')}[]" for c in _GROUP_COLUMNS) + ") WITH ORDINALITY AS i("
+    + ", ".join(_GROUP_COLUMNS) + ", n))")
+CLAIMS = f"""
+WITH {_GROUP_INPUT},
+job AS (SELECT id, key FROM requests WHERE id IN (SELECT MIN(id) FROM requests
+    WHERE key IN (SELECT request_key FROM input) GROUP BY key) FOR UPDATE SKIP LOCKED),
+free AS (SELECT i.* FROM input i JOIN job ON job.key = i.request_key
+    WHERE NOT {_SETTLED.replace("%(key)s", "i.request_key")} AND NOT {_BUDGETED}),
+claim AS ({CLAIM_INTO} SELECT request_key, owner, host, pid, session, {_NEXT_ID},
+        {CLOCK} + %s, started_at FROM free ORDER BY n
+    ON CONFLICT (request_key) DO UPDATE SET attempt_id = excluded.attempt_id,
         lease_expires_at = excluded.lease_expires_at WHERE claims.owner = excluded.owner
-    RETURNING attempt_id),
-receipt AS ({_RECEIPT_NAMED} FROM claim RETURNING id)
-SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job), {_BUDGETED}, {_SETTLED_AS},
+    RETURNING request_key, attempt_id),
+receipt AS (INSERT INTO attempts(id, status, {", ".join(RECEIPT_COLUMNS)}) SELECT c.attempt_id,
+    'in_flight', {", ".join("f." + c for c in RECEIPT_COLUMNS)} FROM claim c JOIN free f
+    ON f.request_key = c.request_key RETURNING id, request_key)
+SELECT (SELECT id FROM receipt r WHERE r.request_key = i.request_key),
+       EXISTS (SELECT 1 FROM job WHERE job.key = i.request_key), {_BUDGETED},
+       {_SETTLED_AS.replace("%(key)s", "i.request_key")},
        c.owner, c.host, c.pid, c.lease_expires_at, {CLOCK}
-FROM (SELECT 1) AS one LEFT JOIN claims c ON c.request_key = %(key)s
+FROM input i LEFT JOIN claims c ON c.request_key = i.request_key ORDER BY i.n
 """
 
-# An accepted return in one statement, nothing read back: its checkpoint rows unless another
-# runner's are there (or its request was accepted in part meanwhile: the parts hold its items),
-# else its receipt kept as a paid return naming the one admitted.
-_ADMITTED = "(? OR EXISTS (SELECT 1 FROM added))"  # ?: the return has no items
-_PARTED = "FROM attempts WHERE request_key = ? AND status = 'partial'"
-ACCEPT = (
-    "WITH added AS (INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, "
-    "committed_at) SELECT ?, ?, t.task_id, ?, t.item, ? FROM unnest(?[]::text[], ?[]::text[]) "
-    f"AS t(task_id, item) WHERE NOT EXISTS (SELECT 1 {_PARTED}) ON CONFLICT DO NOTHING "
-    "RETURNING 1) " + COMPLETE_SQL.format(
-        status=f"CASE WHEN {_ADMITTED} THEN 'accepted' ELSE 'rejected' END",
-        errors=f"CASE WHEN {_ADMITTED} THEN '[]' ELSE replace(?, '{{first}}', COALESCE((SELECT "
-        "MIN(attempt_id)::text FROM checkpoint WHERE request_key = ? AND batch_id = ?), "
-        f"(SELECT MIN(id)::text {_PARTED}), chr(63))) END"))
+# Accepted returns next to each other in a transaction, in two statements: their requests'
+# admission locks, in one order (taken before the returns' own statement starts, so it sees the
+# rows of a write that held one), then their checkpoint rows (unless another runner's are there,
+# or the request was accepted in part meanwhile: the parts hold its items), each receipt kept
+# as accepted or, if none of its rows went in, as a paid return naming the one admitted.
+ADMIT_ALL = ("SELECT pg_advisory_xact_lock(1651663213, h) FROM (SELECT DISTINCT hashtext(k) AS "
+             "h FROM unnest(%b::text[]) AS k) AS keys ORDER BY h")
+_ACCEPT_COLUMNS = {"id": "bigint", "batch_id": "bigint", "request_key": "text", "stamp": "text",
+                   "empty": "bool", "raw": "bytea", "input_tokens": "bigint",
+                   "output_tokens": "bigint", "cached_tokens": "bigint", "cost": "float8",
+                   "model": "text", "sent_at": "text"}
+_ADMITTED = "(a.empty OR a.id IN (SELECT attempt_id FROM added))"
+_PARTED = "FROM attempts p WHERE p.request_key = a.request_key AND p.status = 'partial'"
+ACCEPTS = f"""
+WITH a AS (SELECT * FROM unnest({", ".join(f"%b::{t}[]" for t in _ACCEPT_COLUMNS.values())})
+    AS a({", ".join(_ACCEPT_COLUMNS)})),
+added AS (INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, committed_at)
+    SELECT a.batch_id, a.request_key, t.task_id, a.id, t.item, a.stamp
+    FROM unnest(%b::bigint[], %b::text[], %b::text[]) AS t(attempt_id, task_id, item)
+    JOIN a ON a.id = t.attempt_id WHERE NOT EXISTS (SELECT 1 {_PARTED})
+    ON CONFLICT DO NOTHING RETURNING attempt_id)
+UPDATE attempts SET status = CASE WHEN {_ADMITTED} THEN 'accepted' ELSE 'rejected' END,
+    errors = CASE WHEN {_ADMITTED} THEN '[]' ELSE replace(%s, '{{first}}', COALESCE(
+        (SELECT MIN(c.attempt_id)::text FROM checkpoint c WHERE c.request_key = a.request_key
+         AND c.batch_id = a.batch_id), (SELECT MIN(p.id)::text {_PARTED}), chr(63))) END,
+    raw = a.raw, input_tokens = a.input_tokens, output_tokens = a.output_tokens,
+    cached_tokens = a.cached_tokens, cost = a.cost, model = COALESCE(a.model, attempts.model),
+    finished_at = a.stamp, sent_at = COALESCE(a.sent_at, attempts.sent_at)
+FROM a WHERE attempts.id = a.id AND attempts.status IN ('in_flight', 'abandoned')
+"""
+_FIRST = json.dumps(_already_accepted("{first}"))
 
 # ``_many`` of these in one statement, each column one array (executemany runs once per row).
 BULK = {
@@ -118,6 +148,84 @@ BULK = {
 POOL_SIZE = 4  # connections: the group commit's writer, and readers beside it
 CONNECT_SECONDS = 10
 TRANSIENT = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
+
+
+class _Claims:
+    """The claims of one transaction, sent as one ``CLAIMS`` statement (one more for each time
+    a key comes again: one statement cannot claim a row twice) when an outcome is first read;
+    each statement's rows read once."""
+
+    def __init__(self) -> None:
+        self._rounds: list[list[tuple[InFlight, Owner]]] = []
+        self._keys: list[set[str]] = []
+        self._cursors: list[Any] = []  # of the rounds sent, in order
+        self._rows: dict[int, list[Any]] = {}
+
+    def add(self, receipt: InFlight, owner: Owner, lease: float) -> tuple[int, int]:
+        """Queue a claim: its (round, place) in the answers."""
+        self.lease, key = lease, receipt["request_key"]
+        at = next((i for i in range(len(self._cursors), len(self._rounds))
+                   if key not in self._keys[i]), len(self._rounds))
+        if at == len(self._rounds):
+            self._rounds.append([])
+            self._keys.append(set())
+        self._rounds[at].append((receipt, owner))
+        self._keys[at].add(key)
+        return at, len(self._rounds[at]) - 1
+
+    def send(self, tx: Tx) -> None:
+        for claims in self._rounds[len(self._cursors):]:
+            self._cursors.append(tx.execute(CLAIMS, (*_columns(claims), self.lease)))
+
+    def row(self, slot: tuple[int, int]) -> Any:
+        """A claim's answer, read after COMMIT."""
+        at, place = slot
+        if at not in self._rows:
+            self._rows[at] = self._cursors[at].fetchall()
+        return self._rows[at][place]
+
+
+def _columns(claims: list[tuple[InFlight, Owner]]) -> list[list[Any]]:
+    """``_GROUP_COLUMNS`` of ``claims``, one list each (an array's numbers of one type)."""
+    rows = [(*receipt.values(), owner.host, owner.pid, owner.session)
+            for receipt, owner in claims]
+    return [[None if v is None else float(v) for v in column]
+            if _TYPES.get(name) == "float8" else list(column)
+            for name, column in zip(_GROUP_COLUMNS, zip(*rows, strict=True), strict=True)]
+
+
+class _Accepts:
+    """Accepted returns next to each other in one transaction's statements: sent (``ADMIT_ALL``,
+    then ``ACCEPTS``) before whatever statement follows them, so every write runs in the order
+    it was made; a request's second return is sent after its first."""
+
+    def __init__(self) -> None:
+        self._returns: list[tuple[Any, ...]] = []
+        self._items: tuple[list[int], list[str], list[str]] = ([], [], [])
+        self._keys: set[str] = set()
+
+    def add(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
+            items: Mapping[str, str], completion: tuple[Any, ...]) -> None:
+        if request_key in self._keys:
+            self.send(tx)
+        raw, inp, out, cached, cost, model, stamp, sent_at, _ = completion
+        self._returns.append((attempt_id, batch_id, request_key, stamp, not items, raw, inp,
+                              out, cached, None if cost is None else float(cost), model,
+                              sent_at))
+        self._keys.add(request_key)
+        ids, task_ids, texts = self._items
+        ids += [attempt_id] * len(items)
+        task_ids += items
+        texts += items.values()
+
+    def send(self, tx: Tx) -> None:
+        if not self._returns:
+            return
+        returns, (ids, task_ids, texts) = self._returns, self._items
+        self.__init__()
+        tx.execute(ADMIT_ALL, ([r[2] for r in returns],))
+        tx.execute(ACCEPTS, (*(list(c) for c in zip(*returns, strict=True)), ids, task_ids,
+                             texts, _FIRST))
 
 
 class _Row(tuple):
@@ -242,14 +350,19 @@ class PostgresStore(Store):
     def _transaction(self, *, serial: bool) -> Iterator[Any]:
         """A lost server or connection is a LedgerError; a statement's own error or a transient
         conflict is raised as it is (the group commit retries each write alone)."""
-        db = None
+        db, outer = None, (getattr(self._here, "claims", None),
+                           getattr(self._here, "accepts", None))
         try:
             with self._connection() as db:
                 pipelined = not serial and self._psycopg.Pipeline.is_supported()
                 with self._pipelined(db) if pipelined else db.transaction():
                     if serial:
                         db.execute(SERIAL_LOCK)
+                    self._here.claims, self._here.accepts = claims, accepts = (
+                        _Claims(), _Accepts())
                     yield db
+                    accepts.send(db)
+                    claims.send(db)  # those whose outcome nobody read before COMMIT
         except self._psycopg.Error as exc:  # a pool that cannot connect in time as well
             psycopg = self._psycopg
             lost = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
@@ -258,6 +371,8 @@ class PostgresStore(Store):
                 raise self._error("a write failed; the run stopped before any further "
                                   "call", exc) from exc
             raise
+        finally:
+            self._here.claims, self._here.accepts = outer
 
     _write_transaction = partialmethod(_transaction, serial=True)
     _calls_transaction = partialmethod(_transaction, serial=False)
@@ -310,7 +425,18 @@ class PostgresStore(Store):
         return error
 
     # -- statements ----------------------------------------------------------------------------
+    def _before(self, tx: Tx) -> Tx:
+        """``tx``, its accepted returns waiting to be sent sent: every write in its order."""
+        accepts = getattr(self._here, "accepts", None)
+        if accepts is not None:
+            accepts.send(tx)
+        return tx
+
+    def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
+        return super()._exec(self._before(tx), sql, args)
+
     def _many(self, tx: Tx, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        self._before(tx)
         if sql in BULK and rows:
             return self._exec(tx, BULK[sql], [list(column) for column in zip(*rows, strict=True)])
         return super()._many(tx, sql, rows)
@@ -324,7 +450,7 @@ class PostgresStore(Store):
 
     def _clock(self, tx: Tx) -> float:
         return (self._read(f"SELECT {CLOCK}")[0][0] if tx is None
-                else tx.execute(f"SELECT {CLOCK}").fetchone()[0])
+                else self._before(tx).execute(f"SELECT {CLOCK}").fetchone()[0])
 
     def _admitting(self, tx: Tx, request_key: str) -> None:
         """At READ COMMITTED, calls' writes run side by side: without a lock, two returns of one
@@ -336,11 +462,14 @@ class PostgresStore(Store):
 
     # -- claims side by side -------------------------------------------------------------------
     def _claim_at_commit(self, tx: Tx, receipt: InFlight, owner: Owner) -> Later:
-        """``CLAIM``, read once ``tx`` has committed; a gone holder's is taken over apart."""
-        cursor = tx.execute(CLAIM, self._claim_args(receipt, owner))
+        """A row of ``CLAIMS``, sent with the transaction's other claims once the first outcome
+        is read (every write is sent by then) and read once ``tx`` has committed; a gone
+        holder's claim is taken over apart."""
+        claims = self._here.claims
+        slot = claims.add(receipt, owner, self.lease_seconds)
 
         def committed() -> tuple[str, int | None]:
-            attempt_id, locked, budgeted, settled, *holder = cursor.fetchone()
+            attempt_id, locked, budgeted, settled, *holder = claims.row(slot)
             if attempt_id is not None:
                 return MINE, attempt_id
             if budgeted or settled:
@@ -350,11 +479,11 @@ class PostgresStore(Store):
             with self.transaction(calls=True) as again:  # a gone holder's, taken over
                 return self._begin(again, receipt, owner, None)()
 
-        return Later(lambda: Later(committed))
+        return Later(lambda: (claims.send(self._before(tx)), Later(committed))[1])
 
     def _open(self, tx: Tx, receipt: InFlight, owner: Owner) -> Later:
         """``OPEN``: a row another runner locks is HELD; anything else not won :meth:`_decide`s."""
-        cursor = tx.execute(OPEN, self._claim_args(receipt, owner))
+        cursor = self._before(tx).execute(OPEN, self._claim_args(receipt, owner))
 
         def found() -> tuple[int, str, bool | None]:
             attempt_id, locked, taken, budgeted = cursor.fetchone()
@@ -372,12 +501,8 @@ class PostgresStore(Store):
     def _accept_call(self, tx: Tx, attempt_id: int, batch_id: int, request_key: str,
                      items: Mapping[str, str], raw: str, usage: Mapping[str, Any],
                      sent_at: str | None, charge: float | None) -> None:
-        """``ACCEPT``: as ``store_calls``'s, but nothing waits on the server (the lock too is
-        only sent: it holds ``ACCEPT`` back while another write admits this request)."""
-        self._admitting(tx, request_key)
-        stamp, empty = now(), not items
-        self._exec(tx, ACCEPT, (
-            batch_id, request_key, attempt_id, stamp, list(items),
-            list(items.values()), request_key, empty, empty,
-            json.dumps(_already_accepted("{first}")), request_key, batch_id, request_key,
-            *self._completion(tx, attempt_id, raw, usage, stamp, sent_at, charge)))
+        """As ``store_calls``'s, but nothing waits on the server: sent with the accepted returns
+        next to it in ``tx`` (``_Accepts``), its admission lock holding it back while another
+        write admits its request."""
+        completion = self._completion(tx, attempt_id, raw, usage, now(), sent_at, charge)
+        self._here.accepts.add(tx, attempt_id, batch_id, request_key, items, completion)
