@@ -38,6 +38,9 @@ SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
 # two keys sharing a hash only wait for each other.
 ADMIT_LOCK = "SELECT pg_advisory_xact_lock(1651663213, hashtext(?))"
 CLOCK = POSTGRES.now
+# The calls' writes read by key alone, whatever the arrays they are given: a plan made once per
+# connection serves them all (a plan made for each group's arrays costs more than running it).
+GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 # Both hot paths lock the request's lowest row (``job``) unless another runner decides on it,
 # and claim it (``claimed``: for which receipt) if it is free or ours and not accepted, whole
@@ -73,7 +76,8 @@ SELECT (SELECT id FROM receipt), EXISTS (SELECT 1 FROM job),
 # Without a ledger budget, a transaction's claims in one statement (each column of their
 # receipts and claims one array; their keys distinct): each request's claim first (decided by
 # its key), then its receipt, nothing written unless it is won and nothing read before COMMIT;
-# a row of the answer for each, in their order.
+# a row of the answer for each, in their order. Every table is read by one key at a time (a
+# subquery per key, never a join the planner could make a scan of a table that only grows).
 _NEXT_ID = "nextval(pg_get_serial_sequence('attempts', 'id'))"
 _TYPES = {"batch_id": "bigint", "revision_id": "bigint", "estimated_input_tokens": "bigint",
           "cost_floor": "float8", "reserved": "float8", "pid": "bigint"}
@@ -83,10 +87,10 @@ _GROUP_INPUT = ("input AS (SELECT * FROM unnest(" + ", ".join(
     + ", ".join(_GROUP_COLUMNS) + ", n))")
 CLAIMS = f"""
 WITH {_GROUP_INPUT},
-job AS (SELECT id, key FROM requests WHERE id IN (SELECT MIN(id) FROM requests
-    WHERE key IN (SELECT request_key FROM input) GROUP BY key) FOR UPDATE SKIP LOCKED),
+job AS (SELECT id, key FROM requests WHERE id = ANY (ARRAY(SELECT (SELECT MIN(r.id) FROM
+    requests r WHERE r.key = i.request_key) FROM input i)) FOR UPDATE SKIP LOCKED),
 free AS (SELECT i.* FROM input i JOIN job ON job.key = i.request_key
-    WHERE NOT {_SETTLED.replace("%(key)s", "i.request_key")} AND NOT {_BUDGETED}),
+    WHERE {_SETTLED_AS.replace("%(key)s", "i.request_key")} IS NULL AND NOT {_BUDGETED}),
 claim AS ({CLAIM_INTO} SELECT request_key, owner, host, pid, session, {_NEXT_ID},
         {CLOCK} + %s, started_at FROM free ORDER BY n
     ON CONFLICT (request_key) DO UPDATE SET attempt_id = excluded.attempt_id,
@@ -99,14 +103,16 @@ SELECT (SELECT id FROM receipt r WHERE r.request_key = i.request_key),
        EXISTS (SELECT 1 FROM job WHERE job.key = i.request_key), {_BUDGETED},
        {_SETTLED_AS.replace("%(key)s", "i.request_key")},
        c.owner, c.host, c.pid, c.lease_expires_at, {CLOCK}
-FROM input i LEFT JOIN claims c ON c.request_key = i.request_key ORDER BY i.n
+FROM input i LEFT JOIN LATERAL (SELECT owner, host, pid, lease_expires_at FROM claims
+    WHERE request_key = i.request_key OFFSET 0) AS c ON TRUE ORDER BY i.n
 """
 
 # Accepted returns next to each other in a transaction, in two statements: their requests'
 # admission locks, in one order (taken before the returns' own statement starts, so it sees the
 # rows of a write that held one), then their checkpoint rows (unless another runner's are there,
 # or the request was accepted in part meanwhile: the parts hold its items), each receipt kept
-# as accepted or, if none of its rows went in, as a paid return naming the one admitted.
+# as accepted or, if none of its rows went in, as a paid return naming the one admitted (read
+# by key, as ``CLAIMS`` reads).
 ADMIT_ALL = ("SELECT pg_advisory_xact_lock(1651663213, h) FROM (SELECT DISTINCT hashtext(k) AS "
              "h FROM unnest(%b::text[]) AS k) AS keys ORDER BY h")
 _ACCEPT_COLUMNS = {"id": "bigint", "batch_id": "bigint", "request_key": "text", "stamp": "text",
@@ -121,7 +127,7 @@ WITH a AS (SELECT * FROM unnest({", ".join(f"%b::{t}[]" for t in _ACCEPT_COLUMNS
 added AS (INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, committed_at)
     SELECT a.batch_id, a.request_key, t.task_id, a.id, t.item, a.stamp
     FROM unnest(%b::bigint[], %b::text[], %b::text[]) AS t(attempt_id, task_id, item)
-    JOIN a ON a.id = t.attempt_id WHERE NOT EXISTS (SELECT 1 {_PARTED})
+    JOIN a ON a.id = t.attempt_id WHERE (SELECT MIN(p.id) {_PARTED}) IS NULL
     ON CONFLICT DO NOTHING RETURNING attempt_id)
 UPDATE attempts SET status = CASE WHEN {_ADMITTED} THEN 'accepted' ELSE 'rejected' END,
     errors = CASE WHEN {_ADMITTED} THEN '[]' ELSE replace(%s, '{{first}}', COALESCE(
@@ -283,6 +289,7 @@ class PostgresStore(Store):
             raise self._error("could not connect (is the server running, and the URL right?)",
                               exc) from None
         try:
+            self._generic = first.info.server_version >= 120000
             if first.info.server_version < 160000:  # no pg_input_is_valid: JSON checked in Python
                 self.dialect = replace(POSTGRES, json_valid="FALSE")
             self._schema(first)
@@ -358,6 +365,8 @@ class PostgresStore(Store):
                 with self._pipelined(db) if pipelined else db.transaction():
                     if serial:
                         db.execute(SERIAL_LOCK)
+                    elif self._generic:
+                        db.execute(GENERIC_PLANS)
                     self._here.claims, self._here.accepts = claims, accepts = (
                         _Claims(), _Accepts())
                     yield db
