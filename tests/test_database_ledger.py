@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import shlex
 import socket
 import subprocess
@@ -227,6 +228,38 @@ def test_a_group_of_calls_is_claimed_in_one_statement_and_admitted_in_two_on_pos
     for group in calls:
         assert group["statements"] == 1 + bool(group["_Claims"]) + 2 * bool(
             group["_Accepts"]), groups
+
+
+def test_a_group_of_claims_or_returns_reads_the_postgresql_ledger_by_key_never_by_scan(postgres):
+    """The plans the server makes of the grouped claim and the grouped accepted returns, on a
+    ledger of thousands of rows not yet analyzed: every table that grows is read through an
+    index, so a group costs the same on a ledger a thousand times larger. Fault: the first
+    grouped statements joined the group's keys to whole tables, which the planner read by
+    sequential scan (requests, attempts, claims) for every group."""
+    import psycopg
+
+    from batchjson._ledger import postgres as pg
+
+    url = postgres.database("by_key")
+    session = Session(CallableProvider(items_reply, source="planned"), ledger=url,
+                      concurrency=64)
+    assert session.run_batch("r", review_tasks(1500), LABEL_SCHEMA, pack=1).calls == 1500
+    session.close()
+    with psycopg.connect(url, autocommit=True) as db:  # no ANALYZE yet, as in a first run
+        keys = [r[0] for r in db.execute("SELECT key FROM requests LIMIT 8")]
+        attempts = db.execute("SELECT id, batch_id, request_key FROM attempts LIMIT 8").fetchall()
+        claim = {c: [None] * 8 for c in pg._GROUP_COLUMNS} | {"request_key": keys}
+        statements = {
+            "claims": (pg.CLAIMS, [claim[c] for c in pg._GROUP_COLUMNS] + [30.0]),
+            "returns": (pg.ACCEPTS, [[a[0] for a in attempts], [a[1] for a in attempts],
+                                     [a[2] for a in attempts]] + [[None] * 8] * 9 + [
+                [a[0] for a in attempts], ["t"] * 8, ["{}"] * 8, pg._FIRST])}
+        for name, (sql, args) in statements.items():
+            with db.transaction(force_rollback=True):
+                db.execute(pg.GENERIC_PLANS)
+                plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + sql, args))
+            scans = re.findall(r"Seq Scan on (\w+)", plan)  # the one-row budget may be
+            assert set(scans) <= {"budget"}, f"{name}:\n{plan}"
 
 
 def test_the_command_line_reads_and_budgets_a_database_ledger_and_never_prints_its_password(
