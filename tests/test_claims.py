@@ -370,7 +370,8 @@ def test_one_transaction_claiming_and_admitting_a_request_twice_keeps_the_order_
     other, as arrays): of two runners' claims of one request the first wins and the second
     is held; of two returns of it the first is admitted and the second kept as paid, naming
     the first. Fault: one statement claiming a row twice (refused by the server, failing the
-    group), or two returns in one statement each read as the first."""
+    group), two returns in one statement each read as the first, or a group's numbers sent as
+    one array refused for mixing whole and fractional ones."""
     from batchjson._content.tasks import stored_request
     from batchjson._ledger.store_base import Later
     from batchjson._ledger.store_calls import HELD, MINE, Owner
@@ -397,17 +398,21 @@ def test_one_transaction_claiming_and_admitting_a_request_twice_keeps_the_order_
             "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
             "started_at, uid, owner) SELECT batch_id, revision_id, request_key, task_ids, "
             "kind, status, started_at, 'u-late', owner FROM attempts WHERE id = ?", (first,)))
-        with store.transaction(calls=True) as tx:
-            for attempt, key, verdict in ((first, keys[0], "first"), (late, keys[0], "late"),
-                                          (other, keys[1], "other")):
-                store.complete_call(tx, attempt, "accepted", "{}", {}, accepted=(
+        with store.transaction(calls=True) as tx:  # numbers as any caller may give them
+            for attempt, key, verdict, usage in (
+                    (first, keys[0], "first", {"input_tokens": 7, "cost": 0}),
+                    (late, keys[0], "late", {"input_tokens": 7.0, "cost": 0.5}),
+                    (other, keys[1], "other", {"input_tokens": 8, "cost": 1})):
+                store.complete_call(tx, attempt, "accepted", "{}", usage, accepted=(
                     batch_id, key, {requests[key].task_ids[0]: json.dumps(verdict)}))
     finally:
         for owner in owners:
             owner.stop()
         ledger.close()
-    rows = dict(ledger_rows(path, "SELECT id, status FROM attempts"))
-    assert (rows[first], rows[late], rows[other]) == ("accepted", "rejected", "accepted")
+    rows = {r[0]: r[1:] for r in ledger_rows(path, "SELECT id, status, input_tokens, cost "
+                                             "FROM attempts")}
+    assert (rows[first], rows[late], rows[other]) == (
+        ("accepted", 7, 0), ("rejected", 7, 0.5), ("accepted", 8, 1))
     (errors,), = ledger_rows(path, "SELECT errors FROM attempts WHERE id = ?", late)
     assert f"attempt {first} of another runner" in errors
     assert ledger_rows(path, "SELECT item FROM checkpoint WHERE task_id = ?", task) == [

@@ -192,11 +192,12 @@ class _Claims:
 
 
 def _columns(claims: list[tuple[InFlight, Owner]]) -> list[list[Any]]:
-    """``_GROUP_COLUMNS`` of ``claims``, one list each (an array's numbers of one type)."""
+    """``_GROUP_COLUMNS`` of ``claims``, one list each."""
     rows = [(*receipt.values(), owner.host, owner.pid, owner.session)
             for receipt, owner in claims]
-    return [[None if v is None else float(v) for v in column]
-            if _TYPES.get(name) == "float8" else list(column)
+    kinds = {"float8": float, "bigint": int}  # a number array's elements of one type
+    return [[None if v is None else kinds[_TYPES[name]](v) for v in column]
+            if name in _TYPES else list(column)
             for name, column in zip(_GROUP_COLUMNS, zip(*rows, strict=True), strict=True)]
 
 
@@ -215,9 +216,9 @@ class _Accepts:
         if request_key in self._keys:
             self.send(tx)
         raw, inp, out, cached, cost, model, stamp, sent_at, _ = completion
-        self._returns.append((attempt_id, batch_id, request_key, stamp, not items, raw, inp,
-                              out, cached, None if cost is None else float(cost), model,
-                              sent_at))
+        self._returns.append((attempt_id, batch_id, request_key, stamp, not items, raw,
+                              *(None if n is None else int(n) for n in (inp, out, cached)),
+                              None if cost is None else float(cost), model, sent_at))
         self._keys.add(request_key)
         ids, task_ids, texts = self._items
         ids += [attempt_id] * len(items)
