@@ -417,3 +417,71 @@ def test_one_transaction_claiming_and_admitting_a_request_twice_keeps_the_order_
     assert f"attempt {first} of another runner" in errors
     assert ledger_rows(path, "SELECT item FROM checkpoint WHERE task_id = ?", task) == [
         ('"first"',)]
+
+
+def _store_and_requests(path, n):
+    """A prepared ledger's store, its batch and revision ids, and its requests by key."""
+    from batchjson._content.tasks import stored_request
+
+    keys = _prepare(path, n)
+    ledger = Ledger(path)
+    store = ledger.store
+    (revision_id, batch_id), = store._read("SELECT current_revision, id FROM batches")
+    requests = {r.key: r for r in (stored_request(row) for row in store._read(
+        "SELECT key, tasks, task_ids, position, parent_key FROM requests"))}
+    return keys, ledger, store, (batch_id, revision_id), requests
+
+
+def _group(store, *writes):
+    """``writes`` in one transaction as the group commit runs them (every write made, then
+    each outcome read, then those read once committed)."""
+    from batchjson._ledger.store_base import Later
+
+    with store.transaction(calls=True) as tx:
+        made = [write(tx) for write in writes]
+        sent = [out() if isinstance(out, Later) else out for out in made]
+    return [out() if isinstance(out, Later) else out for out in sent]
+
+
+def test_a_claim_and_a_later_write_on_its_request_in_one_transaction_keep_their_order(
+        ledger_at):
+    """(Found in review.) A store may send a transaction's claims together, but a write made
+    after a claim still reads it: the owner's release of the request leaves no claim, and a
+    claim made before a return of the same request is decided before that return admits it.
+    Fault: claims sent at COMMIT, after every other write of the transaction."""
+    from batchjson._ledger.store_calls import ACCEPTED, MINE, Owner
+
+    path = ledger_at()
+    keys, ledger, store, (batch_id, revision_id), requests = _store_and_requests(path, 3)
+    owner = Owner.start("a")
+
+    def claim(key):
+        return lambda tx: store.begin_call_later(tx, batch_id, revision_id, requests[key],
+                                                 "initial", "callable", None, SOURCE,
+                                                 owner=owner)
+
+    def accept(attempt, key):
+        return lambda tx: store.complete_call(tx, attempt, "accepted", "{}", {}, accepted=(
+            batch_id, key, {requests[key].task_ids[0]: json.dumps("x")}))
+
+    try:
+        (state, released), _ = _group(store, claim(keys[0]),
+                                      lambda tx: store.claims(tx, owner, "release", keys[0]))
+        assert state == MINE
+        assert ledger_rows(path, "SELECT request_key FROM claims") == []
+        (state, earlier), = _group(store, claim(keys[1]))
+        (state, _), _ = _group(store, claim(keys[1]), accept(earlier, keys[1]))
+        assert state == MINE  # its own claim, renewed before the return was admitted
+        _, (state, _) = _group(store, accept(released, keys[0]), claim(keys[0]))
+        assert state == ACCEPTED  # the return made first is read by the claim after it
+        (state, first), = _group(store, claim(keys[2]))
+        late, = ledger_write(path, (
+            "INSERT INTO attempts(batch_id, revision_id, request_key, task_ids, kind, status, "
+            "started_at, uid, owner) SELECT batch_id, revision_id, request_key, task_ids, "
+            "kind, status, started_at, 'u-late', owner FROM attempts WHERE id = ?", (first,)))
+        _, (state, _), _ = _group(store, accept(first, keys[2]), claim(keys[2]),
+                                  accept(late, keys[2]))
+        assert state == ACCEPTED  # between two returns of its request: after the first
+    finally:
+        owner.stop()
+        ledger.close()

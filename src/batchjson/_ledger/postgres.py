@@ -158,8 +158,9 @@ TRANSIENT = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock
 
 class _Claims:
     """The claims of one transaction, sent as one ``CLAIMS`` statement (one more for each time
-    a key comes again: one statement cannot claim a row twice) when an outcome is first read;
-    each statement's rows read once."""
+    a key comes again: one statement cannot claim a row twice) when an outcome is first read,
+    before a statement of another kind, or before a return of one of their requests; each
+    statement's rows read once."""
 
     def __init__(self) -> None:
         self._rounds: list[list[tuple[InFlight, Owner]]] = []
@@ -178,6 +179,10 @@ class _Claims:
         self._rounds[at].append((receipt, owner))
         self._keys[at].add(key)
         return at, len(self._rounds[at]) - 1
+
+    def waiting(self, key: str) -> bool:
+        """Whether a claim of ``key`` is queued and not yet sent."""
+        return any(key in keys for keys in self._keys[len(self._cursors):])
 
     def send(self, tx: Tx) -> None:
         for claims in self._rounds[len(self._cursors):]:
@@ -202,9 +207,8 @@ def _columns(claims: list[tuple[InFlight, Owner]]) -> list[list[Any]]:
 
 
 class _Accepts:
-    """Accepted returns next to each other in one transaction's statements: sent (``ADMIT_ALL``,
-    then ``ACCEPTS``) before whatever statement follows them, so every write runs in the order
-    it was made; a request's second return is sent after its first."""
+    """Accepted returns of one transaction: sent (``ADMIT_ALL``, then ``ACCEPTS``) before a
+    statement of another kind, or a claim or another return of one of their requests."""
 
     def __init__(self) -> None:
         self._returns: list[tuple[Any, ...]] = []
@@ -224,6 +228,9 @@ class _Accepts:
         ids += [attempt_id] * len(items)
         task_ids += items
         texts += items.values()
+
+    def waiting(self, key: str) -> bool:
+        return key in self._keys
 
     def send(self, tx: Tx) -> None:
         if not self._returns:
@@ -436,10 +443,16 @@ class PostgresStore(Store):
 
     # -- statements ----------------------------------------------------------------------------
     def _before(self, tx: Tx) -> Tx:
-        """``tx``, its accepted returns waiting to be sent sent: every write in its order."""
-        accepts = getattr(self._here, "accepts", None)
+        """``tx``, the accepted returns and then the claims waiting in it sent (a statement of
+        any other kind may read what they write). Where both wait for one request, its return
+        was made first (a return made after a claim of its request sends the claim), and
+        those of different requests write different rows: every write takes effect as in the
+        order it was made."""
+        accepts, claims = getattr(self._here, "accepts", None), getattr(self._here, "claims",
+                                                                         None)
         if accepts is not None:
             accepts.send(tx)
+            claims.send(tx)
         return tx
 
     def _exec(self, tx: Tx, sql: str, args: Sequence[Any] = ()) -> Any:
@@ -472,9 +485,8 @@ class PostgresStore(Store):
 
     # -- claims side by side -------------------------------------------------------------------
     def _claim_at_commit(self, tx: Tx, receipt: InFlight, owner: Owner) -> Later:
-        """A row of ``CLAIMS``, sent with the transaction's other claims once the first outcome
-        is read (every write is sent by then) and read once ``tx`` has committed; a gone
-        holder's claim is taken over apart."""
+        """A row of ``CLAIMS``, sent with the transaction's other claims (``_Claims``) and read
+        once ``tx`` has committed; a gone holder's claim is taken over apart."""
         claims = self._here.claims
         slot = claims.add(receipt, owner, self.lease_seconds)
 
@@ -489,7 +501,7 @@ class PostgresStore(Store):
             with self.transaction(calls=True) as again:  # a gone holder's, taken over
                 return self._begin(again, receipt, owner, None)()
 
-        return Later(lambda: (claims.send(self._before(tx)), Later(committed))[1])
+        return Later(lambda: (self._before(tx), Later(committed))[1])
 
     def _open(self, tx: Tx, receipt: InFlight, owner: Owner) -> Later:
         """``OPEN``: a row another runner locks is HELD; anything else not won :meth:`_decide`s."""
@@ -515,4 +527,6 @@ class PostgresStore(Store):
         next to it in ``tx`` (``_Accepts``), its admission lock holding it back while another
         write admits its request."""
         completion = self._completion(tx, attempt_id, raw, usage, now(), sent_at, charge)
+        if self._here.claims.waiting(request_key):
+            self._before(tx)  # a claim of the request goes first (after any return before it)
         self._here.accepts.add(tx, attempt_id, batch_id, request_key, items, completion)
