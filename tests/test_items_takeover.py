@@ -179,6 +179,8 @@ def test_two_returns_of_a_taken_over_pack_written_at_once_on_postgresql_admit_it
             sends = sending(self)
             out = admit(self, *args, **kwargs)
             if sends and not b_written.is_set():
+                with args[0].pipeline() as pipeline:  # run by the server now, its lock held
+                    pipeline.sync()
                 b_written.set()
                 assert a_writing.wait(WAIT)
                 time.sleep(0.5)  # A's write reaches the server and reads what is admitted
