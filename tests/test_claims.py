@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from batchjson import CallableProvider, Ledger, Session
+from batchjson._content.tasks import stored_request
 from batchjson._ledger.store_base import LEASE_SECONDS
 from tests.helpers import (
     LABEL_SCHEMA,
@@ -30,6 +31,7 @@ from tests.helpers import (
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
 SOURCE = "test-model"  # one model answering across the runners of a test
+_LOCKS = iter(range(1_000_000))  # a database name of its own for each PostgreSQL-only test
 
 
 def checkpoint_problems(path) -> list[str]:
@@ -485,3 +487,66 @@ def test_a_claim_and_a_later_write_on_its_request_in_one_transaction_keep_their_
     finally:
         owner.stop()
         ledger.close()
+
+
+def test_a_recheck_of_a_request_admitted_since_it_was_planned_admits_nothing(ledger_at):
+    """An earlier answer rechecked at a run's start is committed after the run planned it; a
+    request another runner admitted meanwhile is done, and the recheck writes nothing for it
+    (on PostgreSQL it takes the request's admission lock first, as a live return does). Fault:
+    a second accepted receipt for the request, without checkpoint rows of its own."""
+    path = ledger_at()
+    session = Session(CallableProvider(items_reply, source=SOURCE), ledger=path)
+    assert session.run_batch("r", review_tasks(2), LABEL_SCHEMA).status == "resolved"
+    session.close()
+    ledger = Ledger(path)
+    try:
+        request = _recheck_again(ledger.store)
+    finally:
+        ledger.close()
+    assert ledger_rows(path, "SELECT COUNT(*) FROM attempts WHERE request_key = ? AND status "
+                       "= 'accepted'", request.key) == [(1,)]
+    assert checkpoint_problems(path) == []
+
+
+def _recheck_again(store, ready=None):
+    """Commit a recheck of an accepted request's own answer, as if planned before it was."""
+    (revision_id, batch_id), = store._read("SELECT current_revision, id FROM batches")
+    origin, = store._read("SELECT * FROM attempts WHERE status = 'accepted' ORDER BY id LIMIT 1")
+    request = next(r for r in (stored_request(row) for row in store._read(
+        "SELECT key, tasks, task_ids, position, parent_key FROM requests"))
+        if r.key == origin["request_key"])
+    if ready is not None:
+        ready(request.key)
+    store.commit_rechecks(batch_id, revision_id, [(request, origin, {
+        t: '"x"' for t in request.task_ids})], SOURCE)
+    return request
+
+
+def test_a_recheck_on_postgresql_waits_for_a_return_of_its_request_being_written(postgres):
+    """A live return's transaction holds its request's admission lock until it commits; a
+    recheck of that request waits for it, then reads what it admitted. Fault: the recheck's
+    transaction reading the request as not admitted while the return is being written."""
+    import psycopg
+
+    from batchjson._ledger.postgres import ADMIT_ALL
+
+    path = postgres.database(f"recheck_{next(_LOCKS)}")
+    session = Session(CallableProvider(items_reply, source=SOURCE), ledger=path)
+    session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
+    session.close()
+    ledger, done = Ledger(path), threading.Event()
+    with psycopg.connect(path) as writing:  # a return of the request, not yet committed
+        def lock(key):
+            writing.execute(ADMIT_ALL, ([key],))
+
+        thread = threading.Thread(target=lambda: (_recheck_again(ledger.store, lock),
+                                                  done.set()))
+        try:
+            thread.start()
+            assert not done.wait(0.5)  # waiting for the return's transaction
+            writing.commit()
+            assert done.wait(10)
+        finally:
+            thread.join(10)
+            ledger.close()
+

@@ -480,6 +480,10 @@ class PostgresStore(Store):
         request (a late one after a takeover) would each read the other as not yet admitted."""
         self._exec(tx, ADMIT_LOCK, (request_key,))
 
+    def _admitting_all(self, tx: Tx, request_keys: Sequence[str]) -> None:
+        if request_keys:
+            self._before(tx).execute(ADMIT_ALL, (list(request_keys),))
+
     def _raw(self, text: str | None) -> Any:
         return None if text is None else text.encode("utf-8", "surrogatepass")
 

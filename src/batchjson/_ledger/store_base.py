@@ -295,6 +295,10 @@ class StoreBase(ABC):
         SQLite's writes always do (``BEGIN IMMEDIATE``)."""
         return None
 
+    def _admitting_all(self, tx: Tx, request_keys: Sequence[str]) -> None:
+        """:meth:`_admitting` for many requests at once, in the one order every writer takes."""
+        return None
+
     def _by_keys(self, sql: str, keys: Sequence[Any], tx: Tx = None,
                  before: tuple[Any, ...] = ()) -> list[Row]:
         """``sql`` with ``{marks}`` bound to ``keys`` a chunk (or one array) at a time, after the

@@ -333,8 +333,14 @@ class RunStore(StoreBase):
         and its raw; see ``rejudge.in_part``) is recorded as a live partial return is: a 'partial'
         recheck of that request, split into ``request`` (the part accepted) and its rest."""
         stamp = now()
+        admitting = [(origin["parted"][0] if "parted" in origin.keys() else request).key
+                     for request, origin, _ in entries]
         with self.transaction() as tx:
-            for request, origin, items in entries:
+            self._admitting_all(tx, admitting)  # a request admitted meanwhile is done
+            done = {r[0] for r in self._by_keys(ADMITTED_SQL, admitting, tx)}
+            for (request, origin, items), key in zip(entries, admitting, strict=True):
+                if key in done:
+                    continue
                 parted = origin["parted"] if "parted" in origin.keys() else None
                 if parted is not None:
                     parent, rest, errors, raw = parted
@@ -423,6 +429,9 @@ VALIDATORS_SQL = ("INSERT INTO validators(name, version, fingerprint, where_defi
                   "by_identity) VALUES (?,?,?,?,?,?)")
 SEEN_SQL = "INSERT INTO seen(request_key, seen_key) VALUES (?, ?) ON CONFLICT DO NOTHING"
 
+# Of a chunk of request keys, those admitted whole or in part.
+ADMITTED_SQL = ("SELECT DISTINCT request_key FROM attempts WHERE request_key IN ({marks}) AND "
+                "status IN ('accepted', 'partial')")
 CHECKPOINT_SQL = (
     "INSERT INTO checkpoint(batch_id, request_key, task_id, attempt_id, item, committed_at) "
     "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING")
