@@ -152,32 +152,43 @@ def test_a_calls_receipt_and_claim_are_committed_before_it_is_sent_on_either_sto
     assert result.status == "resolved" and seen == [[("in_flight", 1)]]
 
 
-def test_a_group_of_claims_or_accepted_returns_costs_one_round_trip_on_postgresql(postgres):
-    """Counted in libpq's protocol trace, never timed: each transaction of the calls' writes
-    waits on the server once, however many calls it holds. Fault: psycopg's transaction block
-    waiting as it begins and ends, or a claim whose answer is read before COMMIT."""
-    session = Session(CallableProvider(items_reply, source="counted"),
-                      ledger=postgres.database("round_trips"), concurrency=8)
-    store, waits = session.ledger.store, []
+def _traced_calls_transactions(store: Any, begin: Any = lambda: None) -> list[list[list[bytes]]]:
+    """From now on, each calls transaction of ``store`` as libpq traces it: its messages, each
+    split into its tab-separated fields (BEGIN is sent before the trace starts); ``begin`` is
+    called as each starts."""
+    traces: list[list[list[bytes]]] = []
     calls_transaction = store._calls_transaction
 
     @contextlib.contextmanager
     def traced():
+        begin()
         with tempfile.TemporaryFile("w+b") as log:
             with calls_transaction() as tx:
                 tx.pgconn.trace(log.fileno())
                 yield tx
             tx.pgconn.untrace()
             log.seek(0)
-            sides = [line.split(b"\t")[1] for line in log.read().splitlines()
-                     if line.count(b"\t") > 2]  # F: to the server, B: from it
-            waits.append(sum(pair == (b"F", b"B") for pair in zip(sides, sides[1:],
-                                                                    strict=False)))
+            traces.append([line.split(b"\t") for line in log.read().splitlines()
+                           if line.count(b"\t") > 2])
 
     store._calls_transaction = traced
+    return traces
+
+
+def test_a_group_of_claims_or_accepted_returns_costs_one_round_trip_on_postgresql(postgres):
+    """Counted in libpq's protocol trace, never timed: each transaction of the calls' writes
+    waits on the server once, however many calls it holds. Fault: psycopg's transaction block
+    waiting as it begins and ends, or a claim whose answer is read before COMMIT."""
+    session = Session(CallableProvider(items_reply, source="counted"),
+                      ledger=postgres.database("round_trips"), concurrency=8)
+    traces = _traced_calls_transactions(session.ledger.store)
     result = session.run_batch("r", review_tasks(40), LABEL_SCHEMA, pack=1)
     session.close()
     assert result.status == "resolved" and result.calls == 40
+    waits = []
+    for trace in traces:
+        sides = [message[1] for message in trace]  # F: to the server, B: from it
+        waits.append(sum(pair == (b"F", b"B") for pair in zip(sides, sides[1:], strict=False)))
     # the first and the last: the run joining and leaving the live hosts (reads of their rows)
     assert len(waits) < 40 and set(waits[1:-1]) == {1}, str(waits)
 
@@ -193,8 +204,7 @@ def test_a_group_of_calls_is_claimed_in_one_statement_and_admitted_in_two_on_pos
 
     session = Session(CallableProvider(items_reply, source="counted"),
                       ledger=postgres.database("statements"), concurrency=8)
-    store, groups = session.ledger.store, []
-    calls_transaction = store._calls_transaction
+    groups: list[dict[str, int]] = []
     for name in ("_Claims", "_Accepts"):
         added = getattr(pg, name).add
 
@@ -203,25 +213,13 @@ def test_a_group_of_calls_is_claimed_in_one_statement_and_admitted_in_two_on_pos
             return added(self, *args)
 
         monkeypatch.setattr(getattr(pg, name), "add", counting)
-
-    @contextlib.contextmanager
-    def traced():
-        groups.append({"_Claims": 0, "_Accepts": 0})
-        with tempfile.TemporaryFile("w+b") as log:
-            with calls_transaction() as tx:
-                tx.pgconn.trace(log.fileno())
-                yield tx
-            tx.pgconn.untrace()
-            log.seek(0)
-            groups[-1]["statements"] = sum(  # COMMIT too (BEGIN was sent before the trace)
-                parts[1] == b"F" and parts[3].startswith(b"Bind")
-                for parts in (line.split(b"\t") for line in log.read().splitlines())
-                if len(parts) > 3)
-
-    store._calls_transaction = traced
+    traces = _traced_calls_transactions(
+        session.ledger.store, begin=lambda: groups.append({"_Claims": 0, "_Accepts": 0}))
     result = session.run_batch("r", review_tasks(40), LABEL_SCHEMA, pack=1)
     session.close()
     assert result.status == "resolved" and result.calls == 40
+    for group, trace in zip(groups, traces, strict=True):  # COMMIT too (BEGIN: before the trace)
+        group["statements"] = sum(m[1] == b"F" and m[3].startswith(b"Bind") for m in trace)
     calls = [g for g in groups if g["_Claims"] or g["_Accepts"]]  # not joining the hosts
     assert sum(g["_Claims"] for g in calls) == sum(g["_Accepts"] for g in calls) == 40
     assert max(g["_Claims"] for g in calls) >= 4 and max(g["_Accepts"] for g in calls) >= 4
