@@ -364,7 +364,6 @@ def test_a_call_longer_than_the_lease_keeps_its_claim_while_it_runs(ledger_at):
     assert checkpoint_problems(path) == []
 
 
-
 def test_one_transaction_claiming_and_admitting_a_request_twice_keeps_the_order_written(
         ledger_at):
     """A group commit's writes take effect in the order they were made, however the store
@@ -374,25 +373,16 @@ def test_one_transaction_claiming_and_admitting_a_request_twice_keeps_the_order_
     the first. Fault: one statement claiming a row twice (refused by the server, failing the
     group), two returns in one statement each read as the first, or a group's numbers sent as
     one array refused for mixing whole and fractional ones."""
-    from batchjson._content.tasks import stored_request
-    from batchjson._ledger.store_base import Later
     from batchjson._ledger.store_calls import HELD, MINE, Owner
 
     path = ledger_at()
-    keys = _prepare(path, 2)
-    ledger = Ledger(path)
-    store = ledger.store
-    (revision_id, batch_id), = store._read("SELECT current_revision, id FROM batches")
-    requests = {r.key: r for r in (stored_request(row) for row in store._read(
-        "SELECT key, tasks, task_ids, position, parent_key FROM requests"))}
+    keys, ledger, store, (batch_id, revision_id), requests = _store_and_requests(path, 2)
     owners = [Owner.start("first"), Owner.start("second")]
     try:
-        with store.transaction(calls=True) as tx:
-            laters = [store.begin_call_later(tx, batch_id, revision_id, requests[key],
-                                             "initial", "callable", None, SOURCE, owner=owner)
-                      for key in keys for owner in owners]
-            sent = [later() for later in laters]
-        claimed = [state() if isinstance(state, Later) else state for state in sent]
+        claimed = _group(store, *(
+            lambda tx, key=key, owner=owner: store.begin_call_later(
+                tx, batch_id, revision_id, requests[key], "initial", "callable", None, SOURCE,
+                owner=owner) for key in keys for owner in owners))
         assert [state for state, _ in claimed] == [MINE, HELD, MINE, HELD]
         first, other = claimed[0][1], claimed[2][1]
         task = requests[keys[0]].task_ids[0]
@@ -423,8 +413,6 @@ def test_one_transaction_claiming_and_admitting_a_request_twice_keeps_the_order_
 
 def _store_and_requests(path, n):
     """A prepared ledger's store, its batch and revision ids, and its requests by key."""
-    from batchjson._content.tasks import stored_request
-
     keys = _prepare(path, n)
     ledger = Ledger(path)
     store = ledger.store
@@ -447,8 +435,8 @@ def _group(store, *writes):
 
 def test_a_claim_and_a_later_write_on_its_request_in_one_transaction_keep_their_order(
         ledger_at):
-    """(Found in review.) A store may send a transaction's claims together, but a write made
-    after a claim still reads it: the owner's release of the request leaves no claim, and a
+    """A store may send a transaction's claims together, but a write made after a claim
+    still reads it: the owner's release of the request leaves no claim, and a
     claim made before a return of the same request is decided before that return admits it.
     Fault: claims sent at COMMIT, after every other write of the transaction."""
     from batchjson._ledger.store_calls import ACCEPTED, MINE, Owner

@@ -198,8 +198,7 @@ def test_a_group_of_calls_is_claimed_in_one_statement_and_admitted_in_two_on_pos
     """Counted in libpq's protocol trace: however many calls a transaction of their writes
     holds, their claims and receipts are one statement, and their accepted returns two (the
     requests' admission locks, then the rows). Fault: a statement for each call, so the work
-    of client and server grows with the group (as before the claims and returns went as
-    arrays)."""
+    of client and server grows with the group."""
     from batchjson._ledger import postgres as pg
 
     session = Session(CallableProvider(items_reply, source="counted"),
@@ -231,10 +230,10 @@ def test_a_group_of_calls_is_claimed_in_one_statement_and_admitted_in_two_on_pos
 def test_a_group_of_claims_or_returns_reads_the_postgresql_ledger_by_key_never_by_scan(postgres):
     """The plans the server makes of the grouped claim and the grouped accepted returns (for
     these values, and the generic plan a connection keeps), on a ledger of thousands of rows
-    not yet analyzed: every table that grows is read through an
-    index, so a group costs the same on a ledger a thousand times larger. Fault: the first
-    grouped statements joined the group's keys to whole tables, which the planner read by
-    sequential scan (requests, attempts, claims) for every group."""
+    not yet analyzed: every table that grows is read through an index, so a group costs the
+    same on a ledger a thousand times larger. Fault: statements that join the group's keys to
+    whole tables, which the planner reads by sequential scan (requests, attempts, claims) for
+    every group."""
     import psycopg
 
     from batchjson._ledger import postgres as pg

@@ -236,7 +236,7 @@ class _Accepts:
         if not self._returns:
             return
         returns, (ids, task_ids, texts) = self._returns, self._items
-        self.__init__()
+        self._returns, self._items, self._keys = [], ([], [], []), set()
         tx.execute(ADMIT_ALL, ([r[2] for r in returns],))
         tx.execute(ACCEPTS, (*(list(c) for c in zip(*returns, strict=True)), ids, task_ids,
                              texts, _FIRST))
