@@ -522,15 +522,17 @@ def test_a_recheck_on_postgresql_waits_for_a_return_of_its_request_being_written
     session = Session(CallableProvider(items_reply, source=SOURCE), ledger=path)
     session.run_batch("r", review_tasks(1), LABEL_SCHEMA)
     session.close()
-    ledger, done = Ledger(path), threading.Event()
+    ledger, locked, done = Ledger(path), threading.Event(), threading.Event()
     with psycopg.connect(path) as writing:  # a return of the request, not yet committed
         def lock(key):
             writing.execute(ADMIT_ALL, ([key],))
+            locked.set()
 
         thread = threading.Thread(target=lambda: (_recheck_again(ledger.store, lock),
                                                   done.set()))
         try:
             thread.start()
+            assert locked.wait(10)
             assert not done.wait(0.5)  # waiting for the return's transaction
             writing.commit()
             assert done.wait(10)
