@@ -18,6 +18,7 @@ from pathlib import Path
 from batchjson import CallableProvider, Ledger, Session
 from batchjson._content.tasks import stored_request
 from batchjson._ledger.store_base import LEASE_SECONDS
+from batchjson._session.rejudge import commit_rechecks
 from tests.helpers import (
     LABEL_SCHEMA,
     ConcurrentModel,
@@ -505,7 +506,7 @@ def _recheck_again(store, ready=None):
         if r.key == origin["request_key"])
     if ready is not None:
         ready(request.key)
-    store.commit_rechecks(batch_id, revision_id, [(request, origin, {
+    commit_rechecks(store, batch_id, revision_id, [(request, origin, {
         t: '"x"' for t in request.task_ids})], SOURCE)
     return request
 

@@ -34,9 +34,6 @@ from .store_runs import REQUESTS_SQL, SEEN_SQL
 
 # The one lock of transactions that read before they write ("batchjson" in ASCII).
 SERIAL_LOCK = "SELECT pg_advisory_xact_lock(7089063493536607342)"
-# Admissions of one request key take turns (the pair of int4 keys: a space apart from the above);
-# two keys sharing a hash only wait for each other.
-ADMIT_LOCK = "SELECT pg_advisory_xact_lock(1651663213, hashtext(?))"
 CLOCK = POSTGRES.now
 # The calls' writes read by key alone, whatever the arrays they are given: a plan made once per
 # connection serves them all (a plan made for each group's arrays costs more than running it).
@@ -113,6 +110,8 @@ FROM input i LEFT JOIN LATERAL (SELECT owner, host, pid, lease_expires_at FROM c
 # or the request was accepted in part meanwhile: the parts hold its items), each receipt kept
 # as accepted or, if none of its rows went in, as a paid return naming the one admitted (read
 # by key, as ``CLAIMS`` reads).
+# Admissions of one request key take turns (the pair of int4 keys: a space apart from the
+# serial lock); two keys sharing a hash only wait for each other.
 ADMIT_ALL = ("SELECT pg_advisory_xact_lock(1651663213, h) FROM (SELECT DISTINCT hashtext(k) AS "
              "h FROM unnest(%b::text[]) AS k) AS keys ORDER BY h")
 _ACCEPT_COLUMNS = {"id": "bigint", "batch_id": "bigint", "request_key": "text", "stamp": "text",
@@ -162,15 +161,16 @@ class _Claims:
     before a statement of another kind, or before a return of one of their requests; each
     statement's rows read once."""
 
-    def __init__(self) -> None:
+    def __init__(self, lease: float) -> None:
+        self.lease = lease  # seconds each claim holds
         self._rounds: list[list[tuple[InFlight, Owner]]] = []
         self._keys: list[set[str]] = []
         self._cursors: list[Any] = []  # of the rounds sent, in order
         self._rows: dict[int, list[Any]] = {}
 
-    def add(self, receipt: InFlight, owner: Owner, lease: float) -> tuple[int, int]:
+    def add(self, receipt: InFlight, owner: Owner) -> tuple[int, int]:
         """Queue a claim: its (round, place) in the answers."""
-        self.lease, key = lease, receipt["request_key"]
+        key = receipt["request_key"]
         at = next((i for i in range(len(self._cursors), len(self._rounds))
                    if key not in self._keys[i]), len(self._rounds))
         if at == len(self._rounds):
@@ -376,7 +376,7 @@ class PostgresStore(Store):
                     elif self._generic:
                         db.execute(GENERIC_PLANS)
                     self._here.claims, self._here.accepts = claims, accepts = (
-                        _Claims(), _Accepts())
+                        _Claims(self.lease_seconds), _Accepts())
                     yield db
                     accepts.send(db)
                     claims.send(db)  # those whose outcome nobody read before COMMIT
@@ -478,7 +478,7 @@ class PostgresStore(Store):
     def _admitting(self, tx: Tx, request_key: str) -> None:
         """At READ COMMITTED, calls' writes run side by side: without a lock, two returns of one
         request (a late one after a takeover) would each read the other as not yet admitted."""
-        self._exec(tx, ADMIT_LOCK, (request_key,))
+        self._admitting_all(tx, [request_key])
 
     def _admitting_all(self, tx: Tx, request_keys: Sequence[str]) -> None:
         if request_keys:
@@ -492,7 +492,7 @@ class PostgresStore(Store):
         """A row of ``CLAIMS``, sent with the transaction's other claims (``_Claims``) and read
         once ``tx`` has committed; a gone holder's claim is taken over apart."""
         claims = self._here.claims
-        slot = claims.add(receipt, owner, self.lease_seconds)
+        slot = claims.add(receipt, owner)
 
         def committed() -> tuple[str, int | None]:
             attempt_id, locked, budgeted, settled, *holder = claims.row(slot)

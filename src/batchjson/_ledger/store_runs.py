@@ -325,35 +325,35 @@ class RunStore(StoreBase):
                            (rows[0]["id"],))
         return rows[0], {r["task_id"]: json.loads(r["item"]) for r in items}
 
-    def commit_rechecks(self, batch_id: int, revision_id: int,
+    def commit_rechecks(self, tx: Tx, batch_id: int, revision_id: int,
                         entries: Sequence[tuple[Request, Row, Mapping[str, str]]],
                         source: str | None) -> None:
-        """Per (request, earlier attempt, items) a 'recheck' receipt costing 0 and its items. An
+        """Per (request, earlier attempt, items), in ``tx`` (one that reads before it writes),
+        a 'recheck' receipt costing 0 and its items, unless the request was admitted since. An
         attempt passing in part (``parted``: the request it answered, its rest, the rest's errors
         and its raw; see ``rejudge.in_part``) is recorded as a live partial return is: a 'partial'
         recheck of that request, split into ``request`` (the part accepted) and its rest."""
         stamp = now()
         admitting = [(origin["parted"][0] if "parted" in origin.keys() else request).key
                      for request, origin, _ in entries]
-        with self.transaction() as tx:
-            self._admitting_all(tx, admitting)  # a request admitted meanwhile is done
-            done = {r[0] for r in self._by_keys(ADMITTED_SQL, admitting, tx)}
-            for (request, origin, items), key in zip(entries, admitting, strict=True):
-                if key in done:
+        self._admitting_all(tx, admitting)  # a request admitted meanwhile is done
+        done = {r[0] for r in self._by_keys(ADMITTED_SQL, admitting, tx)}
+        for (request, origin, items), key in zip(entries, admitting, strict=True):
+            if key in done:
+                continue
+            parted = origin["parted"] if "parted" in origin.keys() else None
+            if parted is not None:
+                parent, rest, errors, raw = parted
+                self._recheck(tx, (batch_id, revision_id, parent.key, parent.task_ids_json),
+                              "partial", errors, raw, origin, source, stamp)
+                if not self._split_request(tx, revision_id, parent, request, rest):
                     continue
-                parted = origin["parted"] if "parted" in origin.keys() else None
-                if parted is not None:
-                    parent, rest, errors, raw = parted
-                    self._recheck(tx, (batch_id, revision_id, parent.key, parent.task_ids_json),
-                                  "partial", errors, raw, origin, source, stamp)
-                    if not self._split_request(tx, revision_id, parent, request, rest):
-                        continue
-                attempt_id = self._recheck(
-                    tx, (batch_id, revision_id, request.key, request.task_ids_json), "accepted",
-                    (), origin["raw"], origin, source, stamp)
-                self._many(tx, CHECKPOINT_SQL,  # written once, never re-pointed
-                           [(batch_id, request.key, task_id, attempt_id, item, stamp)
-                            for task_id, item in items.items()])
+            attempt_id = self._recheck(
+                tx, (batch_id, revision_id, request.key, request.task_ids_json), "accepted",
+                (), origin["raw"], origin, source, stamp)
+            self._many(tx, CHECKPOINT_SQL,  # written once, never re-pointed
+                       [(batch_id, request.key, task_id, attempt_id, item, stamp)
+                        for task_id, item in items.items()])
 
     def _split_request(self, tx: Tx, revision_id: int, parent: Request, kept: Request,
                        rest: Request) -> bool:

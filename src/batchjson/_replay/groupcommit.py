@@ -113,14 +113,15 @@ class GroupCommit:
             return fut, None, exc
 
 
-def committed(store: Store, write: Op) -> Any:
-    """``write`` in a transaction of its own, run again while it fails only for meeting another
+def committed(store: Store, write: Op, *, calls: bool = True) -> Any:
+    """``write`` in a transaction of its own (``calls``: side by side with other hosts' calls;
+    else one that reads before it writes), run again while it fails only for meeting another
     host's write at that moment (``Store.conflicts``: a deadlock on PostgreSQL), up to
     :data:`CONFLICT_TRIES` times, then a LedgerError: never a database's own exception."""
     tries = 1
     while True:
         try:
-            with store.transaction(calls=True) as db:
+            with store.transaction(calls=calls) as db:
                 result = write(db)
                 return result() if isinstance(result, Later) else result
         except store.conflicts as exc:

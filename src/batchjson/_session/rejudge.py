@@ -15,6 +15,7 @@ from .._content.schema import ItemSchema
 from .._content.tasks import Request
 from .._ledger.store import Store
 from .._providers.reply import Reply
+from .._replay.groupcommit import committed
 from .._sources import stop_types
 
 MAX_CANDIDATES = 8  # earlier returns tried per request: bounded local work
@@ -148,5 +149,14 @@ def clear_sourceless(store: Store, judging: Judging, owed: Sequence[Request],
             where[row["key"]] = (row["batch_id"], row["revision_id"])
     passed = judging.first_passing(candidates)
     for entry in passed:
-        store.commit_rechecks(*where[entry[0].key], [entry], source)
+        commit_rechecks(store, *where[entry[0].key], [entry], source)
     return len(passed)
+
+
+def commit_rechecks(store: Store, batch_id: int, revision_id: int,
+                    entries: Sequence[tuple[Request, Any, Mapping[str, str]]],
+                    source: str | None) -> None:
+    """What passed, committed in one transaction of its own (run again if it meets another
+    host's write in a deadlock: it takes the admission locks live returns take)."""
+    committed(store, lambda tx: store.commit_rechecks(tx, batch_id, revision_id, entries,
+                                                      source), calls=False)

@@ -21,7 +21,14 @@ from .._replay.replay import Replayer
 from . import batches, window
 from .plan import RunPlan, Runtime, find_completed, finished, keyed
 from .registry import checker_of
-from .rejudge import UNSEEN, Judging, clear_sourceless, earlier_candidates, unseen_token
+from .rejudge import (
+    UNSEEN,
+    Judging,
+    clear_sourceless,
+    commit_rechecks,
+    earlier_candidates,
+    unseen_token,
+)
 from .result import BatchResult, LedgerRead, ResultErrors, TaskAttempts, ThrownAway, result_values
 from .spec import RunSpec, check_fit, check_rate_fit, compared_candidates
 
@@ -204,7 +211,8 @@ def record_revision(rt: Runtime, plan: RunPlan, calls: Plan) -> tuple[Any, str |
     if plan.existing is None or plan.pending or plan.rechecked:  # else on record already
         store.record_seen(window.seen_pairs(store, plan))
     if plan.rechecked:
-        store.commit_rechecks(revision.batch_id, revision.id, list(plan.rechecked), plan.source)
+        commit_rechecks(store, revision.batch_id, revision.id, list(plan.rechecked),
+                        plan.source)
     calls.batch_id, calls.revision_id = revision.batch_id, revision.id
     return revision, superseded
 
@@ -284,7 +292,7 @@ class AlikeJobs:
         apart = keys.apart if self.plan.spec.accept == "items" else None
         passed = await self.judging.passing(candidates, broken, apart) if candidates else []
         if passed:
-            store.commit_rechecks(calls.batch_id, calls.revision_id, passed, self.plan.source)
+            commit_rechecks(store, calls.batch_id, calls.revision_id, passed, self.plan.source)
         return [request for request, _, _ in passed]
 
 
