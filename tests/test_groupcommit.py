@@ -219,7 +219,7 @@ def test_a_write_waits_at_most_its_share_of_a_call_after_the_model_speeds_up():
     from batchjson._replay.replay import COMMIT_SHARE, Replayer
 
     replayer = SimpleNamespace(writes=SimpleNamespace(window=0.0), _call_seconds=0.0,
-                               _sending=63)
+                               _answered_at=0.0, _sending=63)
     for _ in range(64):
         Replayer._share_commits(replayer, 1.0)
     waits = []

@@ -139,6 +139,35 @@ def test_calls_answering_a_moment_apart_share_commits_yet_each_receipt_precedes_
     assert made[-1].flushes < 0.4 * result.calls
 
 
+def test_calls_sent_together_to_a_slow_model_share_commits_as_they_answer_together(
+        tmp_path, monkeypatch):
+    """A slow model (half a second a call) answers the calls sent together within a few
+    milliseconds of one another: too few in flight for one to be due within the wait on
+    average, yet the answers come bunched, so their records and the next receipts share
+    transactions instead of one each."""
+    from batchjson._replay import replay
+
+    made: list = []
+
+    class Counted(replay.GroupCommit):
+        def __init__(self, store):
+            super().__init__(store)
+            made.append(self)
+
+    monkeypatch.setattr(replay, "GroupCommit", Counted)
+    pace = random.Random(11)
+
+    async def model(call):
+        await asyncio.sleep(0.5 + pace.uniform(0, 0.02))  # answers a moment apart
+        return items_reply(call)
+
+    session = Session(CallableProvider(model), ledger=tmp_path / "ledger.sqlite", concurrency=32)
+    result = session.run_batch("r", review_tasks(96), LABEL_SCHEMA)
+    assert result.status == "resolved" and result.calls == 96
+    # 64 transactions when each loop turn committed, about 22 sharing them
+    assert made[-1].flushes < 0.5 * result.calls
+
+
 def test_near_the_end_of_the_budget_the_request_in_hand_is_finished_first():
     tasks = review_tasks(2)
     sent = []

@@ -53,9 +53,9 @@ FEED = 500  # requests taken from a stream into the queue at once
 HELD_POLL = (0.02, 0.25)
 SAY_WAIT = 5.0  # a rate-limit wait longer than this is said in the run's progress
 # A write waits at most this share of a call's time, and at most COMMIT_WAIT seconds, for the
-# writes of other calls to share its transaction (GroupCommit.window); only while at least one
-# call is due to answer meanwhile, so a run of few calls never waits (nor, below 200 calls in
-# flight, a model taking a second).
+# writes of other calls to share its transaction (GroupCommit.window); only while another call
+# is due to answer meanwhile, by the calls in flight or by answers arriving bunched, so calls
+# answering apart never wait.
 COMMIT_SHARE = 0.02
 COMMIT_WAIT = 0.005
 
@@ -191,6 +191,7 @@ class Replayer(Settle):
         self.retrying = transport_retrying(transport)
         self._sending = 0  # calls sent and not yet answered
         self._call_seconds = 0.0  # a call's time at the provider, a moving average
+        self._answered_at = 0.0  # when the last call answered (time.monotonic)
 
     async def call(self, request: Request, kind: CallKind, call: Call) -> Judged | NotSent:
         """Reserve, claim and commit the receipt of ``call``; then send it, judge and record the
@@ -382,16 +383,22 @@ class Replayer(Settle):
         return reply
 
     def _share_commits(self, seconds: float) -> None:
-        """Let writes wait for others (:attr:`GroupCommit.window`) while the calls in flight
-        answer often enough that at least one is due within the wait. The wait is at most
-        :data:`COMMIT_SHARE` of a call's time, by the last call's time when that is shorter
-        than the average (a model that just sped up), and never over :data:`COMMIT_WAIT`."""
+        """Let writes wait for others (:attr:`GroupCommit.window`) while another call is due
+        within the wait: the calls in flight answer that often on average, or the answers come
+        bunched (this one within the wait of the last, as calls sent together answer together).
+        The wait is at most :data:`COMMIT_SHARE` of a call's time, by the last call's time when
+        that is shorter than the average (a model that just sped up), and never over
+        :data:`COMMIT_WAIT`; with no call in flight, nothing waits."""
         average = self._call_seconds
         average = seconds if not average else average + (seconds - average) / 16
         self._call_seconds = average
         pace = min(average, seconds)
         wait = min(COMMIT_WAIT, COMMIT_SHARE * pace)
-        self.writes.window = wait if self._sending * wait >= pace else 0.0
+        answered = time.monotonic()
+        bunched = answered - self._answered_at <= wait
+        self._answered_at = answered
+        due = self._sending and (bunched or self._sending * wait >= pace)
+        self.writes.window = wait if due else 0.0
 
     async def run(self, requests: Iterable[Request]) -> Outcome:
         """Drive every request of the stream, taken :data:`FEED` at a time as the queue runs low."""
