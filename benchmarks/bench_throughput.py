@@ -63,7 +63,7 @@ TARGET_CPU = 2.5
 # lone first call (1 s of 6: 1.2x) or a doubled client overhead fails
 CI_MARGIN = 1.6  # 50 ms (1.13x measured quiet)
 CI_MARGIN_SLOW = 1.08  # 1 s (1.02x measured)
-CI_CPU = 6.0  # (3.0-4.5x measured)
+CI_CPU = 4.5  # (2.85x measured; a doubled client overhead is about 4.7x)
 SCHEMA = {"type": "object", "properties": {}}
 MODEL = "gpt-4o-mini"
 
@@ -337,11 +337,12 @@ def main(argv: list[str] | None = None) -> int:
             after = statistics.median(a for _, a in OUTSIDE)
             print(f"  (b) of which outside the replay loop: {before * 1000:.0f} ms before it, "
                   f"{after * 1000:.0f} ms after it ({(before + after) / ideal:.3f}x of the ideal)")
-            cpu_a2, cpu_b0 = (statistics.median(CPU[k] or [math.nan]) for k in ("a2", "b0"))
-            print(f"  CPU per call, where it goes: bare loop {cpu_a * 1e6:.0f} us; the provider "
-                  f"adds {(cpu_a2 - cpu_a) * 1e6:+.0f} us; session, replay loop, acceptance and "
-                  f"an in-memory ledger {(cpu_b0 - cpu_a2) * 1e6:+.0f} us; the ledger file "
-                  f"(WAL writes, commits) {(cpu_b - cpu_b0) * 1e6:+.0f} us")
+            if CPU["a2"] and CPU["b0"]:  # the diagnosis phases (not run by make bench-ci)
+                cpu_a2, cpu_b0 = (statistics.median(CPU[k]) for k in ("a2", "b0"))
+                print(f"  CPU per call, where it goes: bare loop {cpu_a * 1e6:.0f} us; the "
+                      f"provider adds {(cpu_a2 - cpu_a) * 1e6:+.0f} us; session, replay loop, "
+                      f"acceptance and an in-memory ledger {(cpu_b0 - cpu_a2) * 1e6:+.0f} us; "
+                      f"the ledger file (WAL writes, commits) {(cpu_b - cpu_b0) * 1e6:+.0f} us")
             print(f"  (b) CPU per call: median {cpu_b * 1e6:.0f} us against "
                   f"{cpu_a * 1e6:.0f} us for the bare loop, {cpu_b / cpu_a:.2f}x; rounds "
                   f"{', '.join(f'{v * 1e6:.0f}' for v in CPU['b'])} us")

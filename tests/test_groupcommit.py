@@ -228,3 +228,27 @@ def test_a_write_waits_at_most_its_share_of_a_call_after_the_model_speeds_up():
         waits.append(replayer.writes.window)
     assert max(waits) <= COMMIT_SHARE * 0.001 + 1e-12
     assert waits[-1] > 0  # 63 calls of 1 ms in flight: one is due within the wait
+
+
+def test_a_write_waits_for_answers_coming_bunched_never_for_answers_apart(monkeypatch):
+    """Four calls of a second in flight: a write waits only when its call answered within the
+    wait of the one before (calls sent together answering together); never for answers apart,
+    and never once no call is left in flight."""
+    from types import SimpleNamespace
+
+    from batchjson._replay import replay
+
+    clock = [100.0]
+    monkeypatch.setattr(replay, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    replayer = SimpleNamespace(writes=SimpleNamespace(window=0.0), _call_seconds=0.0,
+                               _answered_at=0.0, _sending=4)
+    waits = []
+    for gap in (0.5, 0.001, 0.001, 0.3, 0.002):
+        clock[0] += gap
+        replay.Replayer._share_commits(replayer, 1.0)
+        waits.append(replayer.writes.window)
+    assert waits == [0.0, replay.COMMIT_WAIT, replay.COMMIT_WAIT, 0.0, replay.COMMIT_WAIT]
+    replayer._sending = 0
+    clock[0] += 0.001
+    replay.Replayer._share_commits(replayer, 1.0)
+    assert replayer.writes.window == 0.0

@@ -397,7 +397,7 @@ class Replayer(Settle):
         answered = time.monotonic()
         bunched = answered - self._answered_at <= wait
         self._answered_at = answered
-        due = self._sending and (bunched or self._sending * wait >= pace)
+        due = self._sending > 0 and (bunched or self._sending * wait >= pace)
         self.writes.window = wait if due else 0.0
 
     async def run(self, requests: Iterable[Request]) -> Outcome:
