@@ -100,11 +100,9 @@ def test_a_slow_call_does_not_hold_up_the_others():
     assert log.index(("end", tasks[2]["task_id"])) < log.index(("end", slow))
 
 
-def test_calls_answering_a_moment_apart_share_commits_yet_each_receipt_precedes_its_call(
-        tmp_path, monkeypatch):
-    """With many calls in flight, a receipt waits a little for the writes of calls answering
-    meanwhile, so a few transactions hold many calls' records; each call still finds its receipt
-    in the ledger (another connection reads it) when it is sent."""
+@pytest.fixture
+def group_commits(monkeypatch):
+    """Every run's group commit, as made: its ``flushes`` count the transactions it committed."""
     from batchjson._replay import replay
 
     made: list = []
@@ -115,6 +113,14 @@ def test_calls_answering_a_moment_apart_share_commits_yet_each_receipt_precedes_
             made.append(self)
 
     monkeypatch.setattr(replay, "GroupCommit", Counted)
+    return made
+
+
+def test_calls_answering_a_moment_apart_share_commits_yet_each_receipt_precedes_its_call(
+        tmp_path, group_commits):
+    """With many calls in flight, a receipt waits a little for the writes of calls answering
+    meanwhile, so a few transactions hold many calls' records; each call still finds its receipt
+    in the ledger (another connection reads it) when it is sent."""
     path = tmp_path / "ledger.sqlite"
     pace = random.Random(7)
     unseen = []
@@ -136,25 +142,15 @@ def test_calls_answering_a_moment_apart_share_commits_yet_each_receipt_precedes_
     assert result.status == "resolved" and result.calls == 400
     assert unseen == []
     # about 215 transactions when each loop turn committed, about 115 sharing them
-    assert made[-1].flushes < 0.4 * result.calls
+    assert group_commits[-1].flushes < 0.4 * result.calls
 
 
 def test_calls_sent_together_to_a_slow_model_share_commits_as_they_answer_together(
-        tmp_path, monkeypatch):
+        tmp_path, group_commits):
     """A slow model (half a second a call) answers the calls sent together within a few
     milliseconds of one another: too few in flight for one to be due within the wait on
     average, yet the answers come bunched, so their records and the next receipts share
     transactions instead of one each."""
-    from batchjson._replay import replay
-
-    made: list = []
-
-    class Counted(replay.GroupCommit):
-        def __init__(self, store):
-            super().__init__(store)
-            made.append(self)
-
-    monkeypatch.setattr(replay, "GroupCommit", Counted)
     pace = random.Random(11)
 
     async def model(call):
@@ -165,7 +161,7 @@ def test_calls_sent_together_to_a_slow_model_share_commits_as_they_answer_togeth
     result = session.run_batch("r", review_tasks(96), LABEL_SCHEMA)
     assert result.status == "resolved" and result.calls == 96
     # 64 transactions when each loop turn committed, about 22 sharing them
-    assert made[-1].flushes < 0.5 * result.calls
+    assert group_commits[-1].flushes < 0.5 * result.calls
 
 
 def test_near_the_end_of_the_budget_the_request_in_hand_is_finished_first():
