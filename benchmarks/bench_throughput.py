@@ -63,7 +63,7 @@ TARGET_CPU = 2.5
 # lone first call (1 s of 6: 1.2x) or a doubled client overhead fails
 CI_MARGIN = 1.6  # 50 ms (1.13x measured quiet)
 CI_MARGIN_SLOW = 1.08  # 1 s (1.02x measured)
-CI_CPU = 4.5  # (2.85x measured; a doubled client overhead is about 4.7x)
+CI_CPU = 4.5  # (2.7-3.0x measured; a doubled client overhead is about 4.7x)
 SCHEMA = {"type": "object", "properties": {}}
 MODEL = "gpt-4o-mini"
 
