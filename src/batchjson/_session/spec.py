@@ -555,10 +555,10 @@ def _most_tokens(plan: Plan, system_chars: int, pending: Iterable[Request],
     for request in pending:
         count, chars = len(request.tasks), len(request.tasks_json)
         longest[count] = max(chars, longest.get(count, 0))
-    return max(request_tokens_of(  # a packed prompt holds its request's text as it is
+    return max((request_tokens_of(  # a packed prompt holds its request's text as it is
         system_chars + items_prompt_chars(count, plan.identity, plan.instructions, chars),
         call_output_cap(provider, plan.most_answer_chars(count, chars)))
-        for count, chars in longest.items())
+        for count, chars in longest.items()), default=0)
 
 
 def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provider: Any) -> None:
