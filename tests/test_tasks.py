@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchjson._canon import canonical_json
+from batchjson._canon import canonical_json, read_json
 from batchjson._content.keys import KEY_COMPONENTS, Keys, key_maker, tasks_digest
 from batchjson._content.tasks import Request, normalize_tasks, render_items_prompt, sha
 
@@ -175,3 +175,36 @@ def test_an_enum_member_as_an_identity_value_is_held_as_the_scalar_it_encodes_to
                                ("task_id", "case_id"))
     assert tasks == [{"task_id": "a", "prompt": "p", "case_id": "dark"}]
     assert type(tasks[0]["case_id"]) is str
+
+
+_json_texts = st.one_of(
+    json_values.map(json.dumps),
+    json_values.map(lambda value: json.dumps(value, ensure_ascii=False)),
+    st.text(alphabet='{}[]",:0123456789.eE+-tnufalsr \\u\n\ud800\x00é', max_size=40),
+)
+
+
+def _read(read, text):
+    try:
+        return "read", repr(read(text))
+    except (ValueError, RecursionError) as exc:
+        return "raised", type(exc)
+
+
+@settings(max_examples=600)
+@given(_json_texts)
+def test_task_texts_and_replies_are_read_exactly_as_json_loads_reads_them(text):
+    """Tasks, request texts and provider replies are read by a faster parser: each must read to
+    the very value (a big integer, -0.0, a lone surrogate escape) and refuse the very texts
+    json.loads does, or a stored request would be keyed and judged against other tasks."""
+    assert _read(read_json, text) == _read(json.loads, text)
+    assert _read(read_json, text.encode("utf-8", "surrogatepass")) == _read(
+        json.loads, text.encode("utf-8", "surrogatepass"))
+
+
+def test_json_the_fast_parser_refuses_is_still_read_as_json_loads_reads_it():
+    for text in ('"\\ud800"', '{"a": "\\udc00\\ud800"}', "[" * 600 + "]" * 600,
+                 '{"n": 123456789012345678901234567890, "z": -0.0, "big": 1e400}'):
+        assert repr(read_json(text)) == repr(json.loads(text))
+    deepest = "[" * 100_000 + "]" * 100_000
+    assert _read(read_json, deepest) == _read(json.loads, deepest)

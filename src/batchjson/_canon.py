@@ -21,6 +21,7 @@ from operator import itemgetter
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic_core import from_json
 
 from ._errors import BatchJsonError
 
@@ -68,6 +69,17 @@ def _new_encoder() -> Callable[[Any, int], Any]:
     _per_thread.encode = c_make_encoder({}, _ENCODER.default, encode_basestring, None, ":", ",",
                                         True, False, False)
     return _per_thread.encode
+
+
+def read_json(text: str | bytes) -> Any:
+    """A JSON text read as ``json.loads`` reads it, by pydantic-core's parser (several times
+    faster on the small texts of tasks and replies); by ``json.loads`` itself where that parser
+    refuses (a lone surrogate, escaped or not, nesting deeper than it goes, a text that is no
+    JSON), so what is returned or raised is always ``json.loads``'s."""
+    try:
+        return from_json(text)
+    except (ValueError, TypeError):
+        return json.loads(text)
 
 
 def dump(canon: Any) -> bytes:

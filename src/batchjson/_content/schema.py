@@ -21,7 +21,7 @@ import jsonschema
 from jsonschema_specifications import REGISTRY as METASCHEMAS
 from pydantic import BaseModel, ValidationError
 
-from .._canon import canonical_json
+from .._canon import canonical_json, read_json
 from .._errors import InvalidBatch
 from .._fingerprint.fingerprint import fingerprint_function, model_fingerprint
 from .tasks import sha
@@ -297,7 +297,7 @@ def wire_schema(item: ItemSchema, tasks: Sequence[Mapping[str, Any]],
                 identity: Sequence[str], pinned: bool = True) -> dict:
     """The schema a provider may enforce, with the exact item count: identity fields pinned, or
     only typed (one schema for the batch, for a prompt cache; acceptance checks them anyway)."""
-    base = json.loads(item._text)  # the provider's own: it may change it, nothing else sees that
+    base = read_json(item._text)  # the provider's own: it may change it, nothing else sees that
     defs = base.pop("$defs", None)
     props = dict(base.get("properties") or {})
     for name in identity:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._canon import canonical_json as _canonical
+from .._canon import read_json
 from .._errors import ConfigError, InvalidBatch
 from .strictjson import nesting
 
@@ -147,7 +148,7 @@ def _take(chunk: Chunk, ids: TaskIds, identity: Identity, out: list[dict], texts
     ids.update(chunk.ids)
     refuse = brackets > len(chunk.ids) + 1 and not identity.echo  # a list or object inside
     try:
-        tasks = chunk.tasks or (json.loads(joined) if refuse or not pack else [])
+        tasks = chunk.tasks or (read_json(joined) if refuse or not pack else [])
     except RecursionError:  # within the bound, on a caller's stack that is deeper still
         deepest = max(range(len(chunk.texts)), key=lambda i: nesting(chunk.texts[i], 0))
         raise _too_deep(chunk.ids[deepest], "to read back on this stack") from None
@@ -326,7 +327,7 @@ class Request:
     def fresh_tasks(self) -> tuple[dict, ...]:
         """Its tasks decoded anew from ``tasks_json`` (a copy no one else holds), their ids kept
         as :attr:`task_ids` if not read yet: one decode serves a call and its receipt."""
-        tasks = tuple(json.loads(self.tasks_json))
+        tasks = tuple(read_json(self.tasks_json))
         self.__dict__.setdefault("task_ids", tuple(task["task_id"] for task in tasks))
         return tasks
 
@@ -338,7 +339,7 @@ class Request:
 
 def stored_request(row: Any) -> Request:
     """A request as the ledger's ``requests`` row holds it, its tasks decoded when read."""
-    return Request(row["key"], RequestTasks(row["tasks"], len(json.loads(row["task_ids"]))),
+    return Request(row["key"], RequestTasks(row["tasks"], len(read_json(row["task_ids"]))),
                    row["position"], row["parent_key"], tasks_json=row["tasks"])
 
 
@@ -418,7 +419,7 @@ class PackedTasks(SequenceView):
         return self._count
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return chain.from_iterable(map(json.loads, self.texts))
+        return chain.from_iterable(map(read_json, self.texts))
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -427,13 +428,13 @@ class PackedTasks(SequenceView):
                 return list(self)[index]
             texts = islice(self.texts, start // self.pack, None)  # from the request holding start
             skip = start % self.pack
-            return list(islice(chain.from_iterable(map(json.loads, texts)), skip,
+            return list(islice(chain.from_iterable(map(read_json, texts)), skip,
                                skip + max(0, stop - start)))
         if index < 0:
             index += self._count
         if not 0 <= index < self._count:
             raise IndexError("task index out of range")
-        return json.loads(self.texts[index // self.pack])[index % self.pack]
+        return read_json(self.texts[index // self.pack])[index % self.pack]
 
     def request(self, position: int, text: str) -> RequestTasks:
         """The tasks of request ``position``, whose text, ``text``, is read already."""
@@ -505,7 +506,7 @@ def _read_jsonl(path: Path, hasher: Any) -> Iterator[Any]:
             if not line.strip():
                 continue
             try:
-                task = json.loads(line)
+                task = read_json(line)
             except (ValueError, RecursionError) as exc:  # a UnicodeDecodeError is a ValueError
                 raise InvalidBatch(f"line {number} of the tasks file {str(path)!r} is not JSON "
                                    f"({str(exc)[:200]}); write one task object a line, as "

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
+from .._canon import read_json
 from .._content.tasks import Request
 from .._sources import stop_types
 from .records import Receipt, Revision, _receipt, _revision, _uid, now
@@ -126,7 +127,7 @@ class RunStore(StoreBase):
             self._insert_requests(tx, revision_id, children)
 
     def _leaves(self, revision_id: int) -> list[Request]:
-        return [Request(r["key"], tuple(json.loads(r["tasks"])), r["position"], r["parent_key"],
+        return [Request(r["key"], tuple(read_json(r["tasks"])), r["position"], r["parent_key"],
                         tasks_json=r["tasks"]) for r in self._read(
             "SELECT key, tasks, position, parent_key FROM requests WHERE revision_id = ? AND "
             "split = 0 ORDER BY position, id", (revision_id,))]
@@ -181,9 +182,9 @@ class RunStore(StoreBase):
             "(SELECT current_revision FROM batches WHERE name = ?)) AND q.split = 0 "
             "ORDER BY q.position, q.id, c.attempt_id", (revision_id, name))
         if all(r[2] for r in rows):  # each item one JSON text (the database says): one decode
-            items = json.loads("[" + ",".join(r[1] for r in rows) + "]")
+            items = read_json("[" + ",".join(r[1] for r in rows) + "]")
         else:  # joined, "1,2" next to "[3" and "4]" would shift values between tasks
-            items = [json.loads(r[1]) for r in rows]
+            items = [read_json(r[1]) for r in rows]
         # a request's items (a split one's parts too) in its tasks' order, not its rows' (a
         # pack's rows come in task_id order: t10 before t8); the latest accepted row wins
         roots = {r[3]: r[4] for r in rows}

@@ -17,6 +17,7 @@ from urllib.parse import urlparse, urlsplit, urlunparse, urlunsplit
 import aiohttp
 import pydantic_core
 
+from .._canon import read_json
 from .._checks import seconds, whole
 from .._errors import ConfigError, ProviderError, ProviderSetupError
 from .._secrets import (
@@ -343,7 +344,7 @@ class HttpProvider(OneService):
                                     status=status, retryable=True) from None
             text = None
         try:
-            data = json.loads(raw if text is None else text)
+            data = read_json(raw if text is None else text)
         except (ValueError, UnicodeDecodeError, RecursionError):
             data = None
         if not isinstance(data, dict):
