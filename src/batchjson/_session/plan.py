@@ -44,6 +44,8 @@ class RunPlan:
     pending: Sequence[Request] = ()  # what calls must resolve (a window.Pending: re-read)
     pending_tasks: int = 0
     largest: Request | None = None  # the pending request of the most tasks, as surveyed
+    longest: Mapping[int, int] = field(default_factory=dict)  # of each number of tasks, the
+    # longest pending request's text (characters), as surveyed: what the rate fit counts
     rechecked: tuple[tuple[Request, Any, dict[str, Any]], ...] = ()  # resolved by re-judging
     broken: tuple[dict[str, Any], ...] = ()  # a validator_error while re-judging
     owed: tuple[Request, ...] = ()  # kept when answers of unknown source exist

@@ -181,7 +181,7 @@ def plan_calls(rt: Runtime, plan: RunPlan) -> tuple[Plan, Spender]:
                       batches.pricing(plan.provider, batch=not live),
                       shared=rt.ledger.budget())
     if live:  # live calls are paced; a job has the batch API's own pool
-        check_rate_fit(rt.pacer, calls, plan.pending, plan.provider)
+        check_rate_fit(rt.pacer, calls, plan.pending, plan.provider, plan.longest)
     if spec.refuse_short_budget and live:  # a job submits the part that fits
         spender.refuse_if_short(len(plan.pending), cheapest_call(
             calls, plan.provider, spender.pricing, plan.pending))

@@ -544,31 +544,30 @@ def _pack_fits(cap: int, measured: float | None, schema: ItemSchema, largest: Re
         "was sent")
 
 
-def _most_tokens(plan: Plan, system_chars: int, pending: Iterable[Request],
+def _most_tokens(plan: Plan, system_chars: int, longest: Mapping[int, int],
                  provider: Any) -> int | None:
-    """At least the tokens any of ``pending`` counts, from the length of each one's text; None
-    for a value's prompt, whose context, when not text, is shown as Python writes it (a space
-    after each separator, unprintable characters escaped: longer than its JSON)."""
+    """At least the tokens any pending request counts, from the longest text of each number of
+    tasks (``longest``); None for a value's prompt, whose context, when not text, is shown as
+    Python writes it (a space after each separator, unprintable characters escaped: longer than
+    its JSON)."""
     if plan.mode != "items":
         return None
-    longest: dict[int, int] = {}  # the longest text of each number of tasks
-    for request in pending:
-        count, chars = len(request.tasks), len(request.tasks_json)
-        longest[count] = max(chars, longest.get(count, 0))
     return max((request_tokens_of(  # a packed prompt holds its request's text as it is
         system_chars + items_prompt_chars(count, plan.identity, plan.instructions, chars),
         call_output_cap(provider, plan.most_answer_chars(count, chars)))
         for count, chars in longest.items()), default=0)
 
 
-def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provider: Any) -> None:
+def check_rate_fit(pacer: Pacer, plan: Plan, pending: Sequence[Request], provider: Any,
+                   longest: Mapping[int, int]) -> None:
     """Refuse a run whose largest request exceeds a minute's token limit (every try a 429),
-    naming the pack that fits: packs are never split to fit, or their keys would change."""
+    naming the pack that fits: packs are never split to fit, or their keys would change.
+    ``longest``: the survey's longest pending text of each number of tasks."""
     limit = pacer.tokens_per_minute
     if not limit or not pending:
         return
     system = system_prompt(plan)
-    most = _most_tokens(plan, len(system), pending, provider)
+    most = _most_tokens(plan, len(system), longest, provider)
     if most is not None and most <= limit:
         return  # none can count more: no prompt is rendered (a million of them, before a run)
     caps = {r.key: call_output_cap(provider, plan.answer_chars(r.tasks)) for r in pending}

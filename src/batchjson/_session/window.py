@@ -36,7 +36,7 @@ def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
     marks, sizes = bytearray(), array("L")
     rechecked, broken, owed, sourceless_all = [], [], [], {}
     apart = keys.apart if plan.spec.accept == "items" else None  # valid items kept, rest owed
-    pending_tasks, largest = 0, None
+    pending_tasks, largest, longest = 0, None, {}
     for window in windows(store, plan):
         done = store.accepted_keys([r.key for r in window])
         unanswered = [r for r in window if r.key not in done]
@@ -55,10 +55,13 @@ def survey(store: Store, plan: RunPlan, judging: Judging) -> RunPlan:
         sizes.append(len(window))
         for request, due in zip(window, pending, strict=True):
             if due:
-                pending_tasks += len(request.tasks)
-                if largest is None or len(request.tasks) > len(largest.tasks):
+                count = len(request.tasks)
+                pending_tasks += count
+                if largest is None or count > len(largest.tasks):
                     largest = request
+                longest[count] = max(len(request.tasks_json), longest.get(count, 0))
     return replace(plan, requests=sum(sizes), pending_tasks=pending_tasks, largest=largest,
+                   longest=longest,
                    pending=Pending(lambda: windows(store, plan), marks, sizes, sum(marks), store),
                    rechecked=tuple(rechecked), broken=tuple(broken), owed=tuple(owed),
                    sourceless_of=sourceless_all)
