@@ -8,8 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from batchjson import CallableProvider, Session
-from batchjson._acceptance.judge import ledger_json
-from batchjson._canon import canonical_json
+from batchjson._canon import canonical_json, ledger_json
 from batchjson._content.schema import compile_schema
 from tests.helpers import LABEL_SCHEMA, accept_items, answer, review_tasks
 

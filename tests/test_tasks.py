@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchjson._canon import canonical_json, read_json
+from batchjson._canon import canonical_json, ledger_json, read_json
 from batchjson._content.keys import KEY_COMPONENTS, Keys, key_maker, tasks_digest
 from batchjson._content.tasks import Request, normalize_tasks, render_items_prompt, sha
 
@@ -208,3 +208,20 @@ def test_json_the_fast_parser_refuses_is_still_read_as_json_loads_reads_it():
         assert repr(read_json(text)) == repr(json.loads(text))
     deepest = "[" * 100_000 + "]" * 100_000
     assert _read(read_json, deepest) == _read(json.loads, deepest)
+
+
+def test_a_value_that_failed_to_encode_part_way_encodes_once_fixed():
+    """An encoder records the containers it is inside; one failing part way (a task holding an
+    object) must not leave them recorded, or fixing that task and running again would be refused
+    as a circular reference, in the keying form and in the ledger's alike."""
+    for encode in (canonical_json, ledger_json):
+        task = {"task_id": "t1", "prompt": "p", "context": {"when": object()}}
+        try:
+            encode(task)
+        except TypeError:
+            pass
+        else:
+            raise AssertionError("an object has no JSON form")
+        task["context"]["when"] = "2026-12-03"
+        assert json.loads(encode(task)) == {"task_id": "t1", "prompt": "p",
+                                            "context": {"when": "2026-12-03"}}

@@ -16,7 +16,7 @@ import typing
 import uuid
 from collections.abc import Callable
 from itertools import chain, repeat
-from json.encoder import c_make_encoder, encode_basestring
+from json.encoder import c_make_encoder, encode_basestring, encode_basestring_ascii
 from operator import itemgetter
 from typing import Any
 
@@ -46,29 +46,42 @@ class _Back(Exception):
         self.levels = levels
 
 
-_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                            allow_nan=False)
-_per_thread = threading.local()  # each thread's own C encoder: see canonical_json
+class FastEncoder:
+    """``encoder.encode`` by the C encoder alone, without ``encode``'s costly Python layers (the
+    same text): one per thread, since it records the containers it is in, made anew after an
+    encoding that failed part way."""
+
+    def __init__(self, encoder: json.JSONEncoder, encode_string: Callable[[str], str]) -> None:
+        self._encoder = encoder
+        self._args = (encoder.default, encode_string, None, encoder.key_separator,
+                      encoder.item_separator, encoder.sort_keys, encoder.skipkeys,
+                      encoder.allow_nan)
+        self._per_thread = threading.local()
+
+    def __call__(self, value: Any) -> str:
+        if c_make_encoder is None:  # an interpreter without the C accelerator
+            return self._encoder.encode(value)
+        encode = getattr(self._per_thread, "encode", None) or self._new()
+        try:
+            return "".join(encode(value, 0))
+        except BaseException:
+            self._new()
+            raise
+
+    def _new(self) -> Callable[[Any, int], Any]:
+        self._per_thread.encode = c_make_encoder({}, *self._args)
+        return self._per_thread.encode
 
 
-def canonical_json(value: Any) -> str:
-    """One JSON text per JSON value (keys sorted, no spaces, non-ASCII kept, finite numbers):
-    the C encoder without ``encode``'s costly Python layers, one per thread (it records the
-    containers it is in), made anew after an encoding that failed part way."""
-    if c_make_encoder is None:  # an interpreter without the C accelerator
-        return _ENCODER.encode(value)
-    encode = getattr(_per_thread, "encode", None) or _new_encoder()
-    try:
-        return "".join(encode(value, 0))
-    except BaseException:
-        _new_encoder()
-        raise
-
-
-def _new_encoder() -> Callable[[Any, int], Any]:
-    _per_thread.encode = c_make_encoder({}, _ENCODER.default, encode_basestring, None, ":", ",",
-                                        True, False, False)
-    return _per_thread.encode
+# One JSON text per JSON value (keys sorted, no spaces, non-ASCII kept, finite numbers): what
+# content is keyed and hashed by.
+canonical_json = FastEncoder(json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False),
+    encode_basestring)
+# The ledger's JSON text of a value (json.dumps's form, keys sorted), as every checkpoint row
+# holds.
+ledger_json = FastEncoder(json.JSONEncoder(sort_keys=True, allow_nan=False),
+                          encode_basestring_ascii)
 
 
 def read_json(text: str | bytes) -> Any:

@@ -20,7 +20,7 @@ from functools import reduce
 from operator import getitem
 from typing import Any
 
-from .._canon import canonical_json
+from .._canon import canonical_json, ledger_json
 from .._content.schema import ItemSchema, without_absent_nulls
 from .._content.strictjson import (
     exact_if_lossy,
@@ -382,9 +382,6 @@ def _echo_paths(payload: Any) -> list[tuple[Any, ...]]:
                 stack.append((child, (*path, key)))
     return paths
 
-
-# The ledger's JSON text of a value (json.dumps's form, keys sorted), as every checkpoint row holds.
-ledger_json: Callable[[Any], str] = json.JSONEncoder(sort_keys=True, allow_nan=False).encode
 
 
 def _stored(schema: ItemSchema, value: Any, task_id: str
