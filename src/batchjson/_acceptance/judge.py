@@ -383,7 +383,6 @@ def _echo_paths(payload: Any) -> list[tuple[Any, ...]]:
     return paths
 
 
-
 def _stored(schema: ItemSchema, value: Any, task_id: str
             ) -> tuple[str, Any, dict[str, Any] | None]:
     """The ledger's text of a validated value (encoded once) and the JSON value it holds, or the
