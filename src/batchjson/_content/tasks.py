@@ -34,7 +34,7 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-CHUNK = 10_000  # tasks decoded back at once: one json.loads each, and a bounded transient
+CHUNK = 10_000  # tasks decoded back at once: one decode each, and a bounded transient
 
 
 def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,

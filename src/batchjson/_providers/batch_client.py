@@ -12,6 +12,7 @@ from typing import IO, Any
 
 import aiohttp
 
+from .._canon import read_json
 from .._content.tasks import no_room
 from .._errors import ConfigError, ProviderError, ProviderSetupError
 from ._http import HttpProvider, http_error
@@ -174,7 +175,7 @@ class OutputLines:
                 if not text.strip():
                     continue
                 try:
-                    parsed = json.loads(text)
+                    parsed = read_json(text)
                 except ValueError:
                     parsed = None
                 yield ({**parsed, TEXT: text, **({} if bad is None else {NOT_UTF8: bad})}
