@@ -75,3 +75,19 @@ def test_a_task_deeper_than_the_bound_is_an_invalid_batch_naming_it():
 def test_brackets_inside_strings_are_not_nesting():
     tasks = [{"task_id": "a", "prompt": "[" * (3 * MAX_TASK_DEPTH) + "{" * MAX_TASK_DEPTH}]
     assert normalize_tasks(tasks, None)[0][0]["prompt"] == tasks[0]["prompt"]
+
+
+def test_a_task_that_holds_itself_is_refused_as_a_cycle_not_as_too_deep():
+    """A task is encoded without a search for cycles; a cycle recurses to the interpreter's
+    limit, and the error must still say it is a cycle (the fix differs from flattening)."""
+    looped: dict[str, Any] = {"task_id": "b", "prompt": "p", "ctx": []}
+    looped["ctx"].append(looped)
+    for tasks in ([looped], (task for task in [{"task_id": "a", "prompt": "p"}, looped])):
+        with pytest.raises(InvalidBatch, match=r"task 'b' is not JSON-serialisable \(Circular "
+                                               r"reference detected\)"):
+            normalize_tasks(tasks, None, pack=2)
+    session = Session(CallableProvider(_answer))
+    with pytest.raises(InvalidBatch, match="Circular reference"):
+        session.run_batch("looped", [looped], {"type": "object"})
+    assert session.ledger.spend()["calls"] == 0
+    session.close()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._canon import canonical_json as _canonical
+from .._canon import canonical_json_unchecked as _canonical_unchecked
 from .._canon import read_json
 from .._errors import ConfigError, InvalidBatch
 from .strictjson import nesting
@@ -60,9 +61,10 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
         taken = PackedTasks(texts, pack, count) if pack else out
         return chain((task["task_id"] for task in taken), chunk.ids, more)
 
+    add_text, add_id = chunk.texts.append, chunk.ids.append  # the chunk's lists are kept
     for position, task in enumerate(stream_tasks(tasks, hasher)):
         try:
-            chunk.texts.append(_task_text(position, task, identity))
+            add_text(_task_text(position, task, identity))
         except InvalidBatch:  # a repeated id before it (or its own) is named first
             own = task.get("task_id") if isinstance(task, Mapping) else None
             mine = (own,) if isinstance(own, str) else ()
@@ -73,7 +75,7 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
             # in its JSON's order, as text (an enum's key too); keys all text: no others sort
             names.update(dict.fromkeys(map(str.__str__, sorted(task))))
         # a caller may refill or change its dict once yielded: what names it later is its id
-        chunk.ids.append(task["task_id"])
+        add_id(task["task_id"])
         if keep:
             chunk.tasks.append(task)
         if on_read is not None:
@@ -110,17 +112,22 @@ class TaskIds:
     def __init__(self) -> None:
         self._low = [array("I") for _ in range(256)]  # bits 8-39 of each hash
         self._high = [array("B") for _ in range(256)]  # bits 40-47
+        self._add_low = [bits.append for bits in self._low]
+        self._add_high = [bits.append for bits in self._high]
 
     def update(self, task_ids: Iterable[str]) -> None:
-        low, high = self._low, self._high
+        add_low, add_high = self._add_low, self._add_high
         for hashed in map(hash, task_ids):
-            low[hashed & 255].append(hashed >> 8 & 0xFFFFFFFF)
-            high[hashed & 255].append(hashed >> 40 & 0xFF)
+            byte = hashed & 255
+            add_low[byte](hashed >> 8 & 0xFFFFFFFF)
+            add_high[byte](hashed >> 40 & 0xFF)
 
     def refuse_repeats(self, task_ids: Iterable[str]) -> None:
         """Refuse the first id that occurs twice among ``task_ids`` (every id added, in order)."""
         repeated = set()
         for byte, (low, high) in enumerate(zip(self._low, self._high, strict=True)):
+            if len(set(low)) == len(low):  # no two alike even in 32 bits: the common case
+                continue
             pairs = zip(low, high, strict=True)
             ordered = sorted(top << 40 | bits << 8 | byte for bits, top in pairs)
             repeated.update(short for short, after in pairwise(ordered) if short == after)
@@ -196,7 +203,10 @@ def _task_text(position: int, task: Any, identity: Identity) -> str:
             raise InvalidBatch(f"task {task_id!r} lacks identity field {name!r}; add it to "
                                "the task or drop it from identity=")
     try:
-        return _canonical(task)
+        try:
+            return _canonical_unchecked(task)
+        except RecursionError:  # deep, or a cycle, which the checked encoder names
+            return _canonical(task)
     except RecursionError:
         raise _too_deep(task_id, "to encode as JSON") from None
     except (TypeError, ValueError) as exc:
