@@ -5,6 +5,7 @@ its request is copied, keyed, stored and read back by recursive code on other th
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 from typing import Any
@@ -91,3 +92,60 @@ def test_a_task_that_holds_itself_is_refused_as_a_cycle_not_as_too_deep():
         session.run_batch("looped", [looped], {"type": "object"})
     assert session.ledger.spend()["calls"] == 0
     session.close()
+
+
+RAISED_LIMIT = """
+import sys
+from batchjson import CallableProvider, InvalidBatch, Session
+from batchjson._content.tasks import normalize_tasks
+
+sys.setrecursionlimit(200_000)  # a notebook's raised limit: deeper than the C stack can go
+looped = {"task_id": "loop", "prompt": "p"}
+looped["self"] = looped
+listed = {"task_id": "list", "prompt": "p", "ctx": []}
+listed["ctx"].append(listed)
+chain = first = {"task_id": "chain", "prompt": "p"}
+for _ in range(2000):  # a cycle longer than the bound on depth
+    chain["next"] = {}
+    chain = chain["next"]
+chain["next"] = first
+deep = 0
+for _ in range(150_000):
+    deep = [deep]
+deep_task = {"task_id": "deep", "prompt": "p", "ctx": deep}
+for task in (looped, listed, first, deep_task):
+    try:
+        normalize_tasks([task], None, pack=1)
+    except InvalidBatch as exc:
+        print(exc)
+session = Session(CallableProvider(lambda call: "{}", source="m"))
+try:
+    session.run_batch("looped", [looped], {"type": "object"})
+except InvalidBatch as exc:
+    print("run:", exc, session.ledger.spend()["calls"])
+"""
+
+
+def test_a_raised_recursion_limit_still_refuses_cycles_and_deep_tasks_without_a_crash():
+    """The encoder recurses in C: with the interpreter's limit raised past what the stack holds,
+    a cycle or a deep task must still be an InvalidBatch naming it, never a segfault."""
+    out = subprocess.run([sys.executable, "-c", RAISED_LIMIT], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = out.stdout.splitlines()
+    assert [line.split(" is ")[0] for line in said] == [
+        "task 'loop'", "task 'list'", "task 'chain'", "task 'deep'", "run: task 'loop'"], said
+    for line in (said[0], said[1], said[2], said[4]):
+        assert "not JSON-serialisable (Circular reference detected)" in line
+    assert "nested too deeply to encode as JSON; flatten it" in said[3]
+    assert said[4].endswith(" 0")  # nothing called
+
+
+def test_a_cycle_longer_than_the_depth_bound_is_named_a_cycle():
+    first = chain = {"task_id": "a", "prompt": "p"}
+    for _ in range(2000):
+        chain["next"] = {}
+        chain = chain["next"]
+    chain["next"] = first
+    with pytest.raises(InvalidBatch, match=r"task 'a' is not JSON-serialisable \(Circular"):
+        normalize_tasks([first], None)

@@ -225,3 +225,54 @@ def test_a_value_that_failed_to_encode_part_way_encodes_once_fixed():
         task["context"]["when"] = "2026-12-03"
         assert json.loads(encode(task)) == {"task_id": "t1", "prompt": "p",
                                             "context": {"when": "2026-12-03"}}
+
+
+class _CaseBlindId(str):
+    """An id type that compares and hashes without case: its JSON text is its own text."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and self.lower() == other.lower()
+
+    def __hash__(self) -> int:
+        return hash(self.lower())
+
+
+def test_ids_that_repeat_as_text_are_refused_whatever_their_type_compares_as():
+    """The duplicate check reads an id as the text the ledger records: a str subclass whose own
+    hash or equality differ from its text's must not let two tasks of one id through (two calls
+    paid, one answer lost)."""
+    from batchjson import CallableProvider, InvalidBatch, Session
+
+    calls = []
+    session = Session(CallableProvider(lambda call: calls.append(call) or "{}", source="m"))
+    twice = [{"task_id": _CaseBlindId("Ab"), "prompt": "first"},
+             {"task_id": _CaseBlindId("Ab"), "prompt": "second"}]
+    for pack in (1, 2):
+        try:
+            session.run_batch("twice", iter(twice), {"type": "object"}, pack=pack)
+        except InvalidBatch as exc:
+            assert "duplicate task_id 'Ab' (tasks #0 and #1)" in str(exc)
+        else:
+            raise AssertionError("a repeated id was let through")
+    try:
+        normalize_tasks(twice, None)  # unpacked: the tasks themselves held
+    except InvalidBatch as exc:
+        assert "duplicate task_id 'Ab' (tasks #0 and #1)" in str(exc)
+    else:
+        raise AssertionError("a repeated id was let through")
+    apart = [{"task_id": _CaseBlindId("Ab"), "prompt": "p"},
+             {"task_id": _CaseBlindId("aB"), "prompt": "p"}]  # alike to the type, not as text
+    assert [t["task_id"] for t in normalize_tasks(apart, None)[0]] == ["Ab", "aB"]
+    assert not calls
+    session.close()
+
+
+def test_a_task_that_is_a_mapping_but_not_a_dict_is_taken_as_its_items():
+    from types import MappingProxyType
+
+    tasks = [MappingProxyType({"task_id": "a", "prompt": "p", "case_id": "078"}), {
+        "task_id": "b", "prompt": "q", "case_id": "079"}]
+    held, texts, _ = normalize_tasks(tasks, ["task_id", "case_id"])
+    assert held == [{"task_id": "a", "prompt": "p", "case_id": "078"},
+                    {"task_id": "b", "prompt": "q", "case_id": "079"}]
+    assert texts[0] == canonical_json(dict(tasks[0]))

@@ -53,7 +53,6 @@ class FastEncoder:
 
     def __init__(self, encoder: json.JSONEncoder, encode_string: Callable[[str], str]) -> None:
         self._encoder = encoder
-        self._check_circular = encoder.check_circular  # a dict of the containers it is in
         self._args = (encoder.default, encode_string, None, encoder.key_separator,
                       encoder.item_separator, encoder.sort_keys, encoder.skipkeys,
                       encoder.allow_nan)
@@ -70,8 +69,7 @@ class FastEncoder:
             raise
 
     def _new(self) -> Callable[[Any, int], Any]:
-        markers = {} if self._check_circular else None
-        self._per_thread.encode = c_make_encoder(markers, *self._args)
+        self._per_thread.encode = c_make_encoder({}, *self._args)
         return self._per_thread.encode
 
 
@@ -80,11 +78,6 @@ class FastEncoder:
 canonical_json = FastEncoder(json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False),
     encode_basestring)
-# canonical_json without its search for a cycle (a tenth of a flat task's encoding): a cycle
-# recurses to the interpreter's limit instead, and only then is canonical_json asked to name it.
-canonical_json_unchecked = FastEncoder(json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-    check_circular=False), encode_basestring)
 # The ledger's JSON text of a value (json.dumps's form, keys sorted), as every checkpoint row
 # holds.
 ledger_json = FastEncoder(json.JSONEncoder(sort_keys=True, allow_nan=False),

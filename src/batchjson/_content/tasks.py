@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain, islice, pairwise
 from pathlib import Path
+from sys import getrecursionlimit
 from typing import Any, NamedTuple
 
 from .._canon import canonical_json as _canonical
-from .._canon import canonical_json_unchecked as _canonical_unchecked
 from .._canon import read_json
 from .._errors import ConfigError, InvalidBatch
 from .strictjson import nesting
@@ -64,18 +64,19 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
     add_text, add_id = chunk.texts.append, chunk.ids.append  # the chunk's lists are kept
     for position, task in enumerate(stream_tasks(tasks, hasher)):
         try:
-            add_text(_task_text(position, task, identity))
+            text, task_id = _task_text(position, task, identity)
         except InvalidBatch:  # a repeated id before it (or its own) is named first
             own = task.get("task_id") if isinstance(task, Mapping) else None
-            mine = (own,) if isinstance(own, str) else ()
+            mine = (str.__str__(own),) if isinstance(own, str) else ()
             ids.update(chain(chunk.ids, mine))
             ids.refuse_repeats(so_far(*mine))
             raise
         if names is not None and not names.keys() >= task.keys():  # fields not seen before
             # in its JSON's order, as text (an enum's key too); keys all text: no others sort
             names.update(dict.fromkeys(map(str.__str__, sorted(task))))
-        # a caller may refill or change its dict once yielded: what names it later is its id
-        add_id(task["task_id"])
+        # a caller may refill or change its dict once yielded: the id checked is its id
+        add_text(text)
+        add_id(task_id)
         if keep:
             chunk.tasks.append(task)
         if on_read is not None:
@@ -173,16 +174,21 @@ def _take(chunk: Chunk, ids: TaskIds, identity: Identity, out: list[dict], texts
     return count
 
 
-def _task_text(position: int, task: Any, identity: Identity) -> str:
-    """One task checked (a task_id, a string prompt, its identity fields) as canonical JSON."""
-    if type(task) is not dict and not isinstance(task, Mapping):
-        raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
-                           "each task must be a dict with task_id and prompt")
+def _task_text(position: int, task: Any, identity: Identity) -> tuple[str, str]:
+    """One task checked (a task_id, a string prompt, its identity fields): its canonical JSON
+    and its id, as the plain text that JSON records (compared and hashed as that text)."""
+    if type(task) is not dict:
+        if not isinstance(task, Mapping):
+            raise InvalidBatch(f"task #{position} is a {type(task).__name__}, not a mapping; "
+                               "each task must be a dict with task_id and prompt")
+        task = dict(task)  # a mapping's items, recorded as a dict's
     if "task_id" not in task:
         raise InvalidBatch(f"task #{position} has no task_id; give every task a unique "
                            "'task_id' string")
     task_id = task["task_id"]
-    if not isinstance(task_id, str) or not task_id:
+    if type(task_id) is not str and isinstance(task_id, str):
+        task_id = str.__str__(task_id)  # a subclass may compare and hash otherwise
+    if type(task_id) is not str or not task_id:
         raise InvalidBatch(f"task #{position}: task_id must be a non-empty string, got "
                            f"{task_id!r}")
     if "\x00" in task_id:  # a ledger keeps ids as text, which PostgreSQL's cannot hold
@@ -194,24 +200,71 @@ def _task_text(position: int, task: Any, identity: Identity) -> str:
                            f"{type(prompt).__name__}")
     for name in identity:
         if name not in task:
-            words = name.split()
-            if len(words) > 1 and all(word in task for word in words):  # "task_id case_id"
-                raise InvalidBatch(
-                    f"identity names the field {name!r}, which no task has, but the task has "
-                    f"{', '.join(map(repr, words))}: list each field on its own, e.g. "
-                    f"identity={list(dict.fromkeys(['task_id', *words]))!r}")
-            raise InvalidBatch(f"task {task_id!r} lacks identity field {name!r}; add it to "
-                               "the task or drop it from identity=")
+            _refuse_missing(task, task_id, name)
+    return _encoded(task, task_id), task_id
+
+
+def _refuse_missing(task: Mapping[str, Any], task_id: str, name: str) -> None:
+    words = name.split()
+    if len(words) > 1 and all(word in task for word in words):  # "task_id case_id"
+        raise InvalidBatch(
+            f"identity names the field {name!r}, which no task has, but the task has "
+            f"{', '.join(map(repr, words))}: list each field on its own, e.g. "
+            f"identity={list(dict.fromkeys(['task_id', *words]))!r}")
+    raise InvalidBatch(f"task {task_id!r} lacks identity field {name!r}; add it to the task "
+                       "or drop it from identity=")
+
+
+# Above this recursion limit a task is measured before it is encoded: the encoder recurses in C,
+# and a limit raised that far lets a deep task or a long cycle overflow the thread's stack.
+SAFE_RECURSION_LIMIT = 4000
+
+
+def _encoded(task: dict[str, Any], task_id: str) -> str:
+    """The task's canonical JSON, or InvalidBatch naming a cycle, a depth beyond the bound, or
+    a value JSON has no form for."""
+    if getrecursionlimit() > SAFE_RECURSION_LIMIT and _nesting_problem(task, MAX_TASK_DEPTH):
+        raise _unnestable(task, task_id)
     try:
-        try:
-            return _canonical_unchecked(task)
-        except RecursionError:  # deep, or a cycle, which the checked encoder names
-            return _canonical(task)
+        return _canonical(task)
     except RecursionError:
-        raise _too_deep(task_id, "to encode as JSON") from None
+        raise _unnestable(task, task_id) from None
     except (TypeError, ValueError) as exc:
-        raise InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({exc}); keep tasks "
-                           "to str/int/float/bool/None/list/dict with finite numbers") from None
+        raise _not_json(task_id, str(exc)) from None
+
+
+def _not_json(task_id: str, why: str) -> InvalidBatch:
+    return InvalidBatch(f"task {task_id!r} is not JSON-serialisable ({why}); keep tasks to "
+                        "str/int/float/bool/None/list/dict with finite numbers")
+
+
+def _unnestable(task: dict[str, Any], task_id: str) -> InvalidBatch:
+    """A task too deep for the encoder: named a cycle where it holds itself, however long."""
+    if _nesting_problem(task, None) == "cycle":
+        return _not_json(task_id, "Circular reference detected")
+    return _too_deep(task_id, "to encode as JSON")
+
+
+def _nesting_problem(task: Any, bound: int | None) -> str | None:
+    """``"cycle"`` if a list or object holds itself, ``"deep"`` past ``bound`` levels (None: no
+    bound), else None; without recursion, so on any stack."""
+    path: set[int] = set()  # the containers above the one looked at
+    stack: list[tuple[Any, int]] = [(task, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth < 0:  # every child of the container with this id looked at
+            path.discard(value)
+            continue
+        if id(value) in path:
+            return "cycle"
+        if bound is not None and depth > bound:
+            return "deep"
+        path.add(id(value))
+        stack.append((id(value), -1))
+        children = value.values() if isinstance(value, Mapping) else value
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (Mapping, list, tuple)))
+    return None
 
 
 def _refuse_containers(tasks: Iterable[Mapping[str, Any]], identity: Identity) -> None:
