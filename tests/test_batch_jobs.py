@@ -161,6 +161,50 @@ def test_every_copy_of_a_duplicated_line_and_an_unknown_lines_tokens_stay_in_the
     assert any("never sent" in note and f"billed {inp} input" in note for note in result.notes)
 
 
+def test_two_runners_collecting_one_job_count_its_lines_once_between_their_results(
+        srv, tmp_path, monkeypatch):
+    """Both runners read the ended job and judge its lines; the ledger keeps the first one's
+    collection. The other's result must not claim those calls, tokens and returns as well (its
+    own session spent nothing on them): results summed over hosts are the ledger's account."""
+    import threading
+
+    from batchjson._replay import jobs
+
+    ledger = tmp_path / "l.sqlite"
+    first = session(srv, ledger)
+    first.run_batch("labels", tasks(4), SCHEMA, transport="batch", wait=False)
+    first.close()
+    both_read = threading.Barrier(2, timeout=20)
+    collect = jobs.JobRunner._collect
+
+    async def together(self, *args):  # each has read the job as ended before either records it
+        both_read.wait()
+        return await collect(self, *args)
+
+    monkeypatch.setattr(jobs.JobRunner, "_collect", together)
+    runners = [session(srv, ledger), session(srv, ledger)]
+    results: list[Any] = [None, None]
+
+    def run(n: int) -> None:
+        results[n] = runners[n].run_batch("labels", tasks(4), SCHEMA, transport="batch",
+                                          wait=True)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    account = runners[0].ledger.spend()
+    assert all(r is not None and r.resolved for r in results)
+    assert sorted(r.calls for r in results) == [0, account["calls"]] == [0, 4]
+    assert sorted(r.accepted_returns for r in results) == [0, 4]
+    assert sum(r.tokens for r in results) == account["input_tokens"] + account["output_tokens"]
+    assert sum(r.cost for r in results) == pytest.approx(account["cost"])
+    assert sorted(s.spent_cost for s in runners) == pytest.approx([0, account["cost"]])
+    for runner in runners:
+        runner.close()
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_completed_job_whose_every_line_failed_admits_nothing(srv, protocol):
     srv.batches.faults = [BatchFaults(whole="all_failed")]

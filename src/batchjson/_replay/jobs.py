@@ -590,7 +590,7 @@ class JobRunner(Settle):
             if self.client.too_large(batch):
                 self.chunk = max(1, min(self.chunk, len(lines)) // 2)
         writes, popped = [], {}  # the session's reservations of its lines, taken here
-        self.charges = []
+        self.charges, tally = [], self.outcome.tally()
         try:
             for attempt, got in self._lines(row, lines, outs, detail):
                 if attempt.reserved is not None:
@@ -617,6 +617,8 @@ class JobRunner(Settle):
             raise
         finally:
             charges, self.charges = self.charges, None
+        if not recorded[0]:  # another runner recorded the job's lines: its result counts them
+            self.outcome.restore(tally)
         for reserved, cost, usage in charges:
             if recorded[0]:
                 super().charge(reserved, cost, usage)

@@ -128,6 +128,21 @@ class Outcome:
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    def tally(self) -> dict[str, Any]:
+        """What it counts of the calls it settles (not their tasks' errors), to be put back with
+        :meth:`restore` when another runner recorded those calls first: each call once."""
+        return {name: getattr(self, name) for name in _TALLIED} | {
+            "thrown_tasks": set(self.thrown_tasks)}
+
+    def restore(self, tally: Mapping[str, Any]) -> None:
+        for name, value in tally.items():
+            setattr(self, name, value)
+
+
+_TALLIED = ("calls", "input_tokens", "output_tokens", "cost", "accepted_returns",
+            "rejected_returns", "provider_errors", "partial_returns", "odd_usage", "thrown_away",
+            "thrown_cost", "thrown_tokens")
+
 
 def system_prompt(plan: Plan) -> str:
     """Built once per run: the answer schema, and the envelope every return must use."""
