@@ -851,6 +851,32 @@ def test_a_4xx_is_recorded_in_one_shape_whether_sent_live_or_in_a_job(tmp_path):
     assert shapes[0] == shapes[1]
 
 
+@pytest.mark.parametrize("case", ["live 400", "a job's 400 line", "an expired job"])
+def test_a_request_the_model_never_ran_costs_nothing_in_every_view_of_the_account(
+        tmp_path, case):
+    """A refused call, or a job's line that never ran, is not billed: its receipt says $0 (not
+    unknown, with a positive floor), as the run's result and the ledger's budget already do."""
+    from batchjson.testing import HttpFaults
+
+    transport = "live" if case == "live 400" else "batch"
+    faults = HttpFaults(script={1: "400"}) if transport == "live" else None
+    with LoopbackServer(SimulatedModel(), faults=faults) as srv:
+        srv.batches.delay = 0.05
+        srv.batches.faults = [BatchFaults(whole="expire") if case == "an expired job"
+                              else BatchFaults(lines={0: "http_400"})]
+        s = session(srv, tmp_path / "l.sqlite", budget=Budget(cost=1.0),
+                    extra_body={"max_completion_tokens": 200})
+        result = s.run_batch("labels", tasks(1), SCHEMA, transport=transport, wait=True,
+                             on_exhausted="return", replays=0)
+        account, spent = s.ledger.spend(), s.spent_cost
+        receipts = ledger_rows(tmp_path / "l.sqlite", "SELECT status, cost FROM attempts")
+        s.close()
+    assert receipts == [("provider_error", 0.0)]
+    assert result.cost == 0.0 and result.provider_errors == 1 and spent == 0.0
+    assert (account["cost"], account["unknown_cost_calls"], account["cost_lower_bound"]) == (
+        0.0, 0, 0.0)
+
+
 def long_label(task: dict[str, Any]) -> dict[str, Any]:
     return {"label": "long " * 100}
 
