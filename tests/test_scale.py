@@ -55,6 +55,22 @@ def test_a_bad_line_of_a_tasks_file_is_refused_by_its_number_before_any_call(tmp
     assert calls == [] and session.ledger.batch_names() == []
 
 
+def test_a_bad_task_in_a_tasks_file_is_named_by_its_line_as_well_as_its_place(tmp_path):
+    """Blank lines are no tasks, so a task's place is not its line: an error names both."""
+    path = tmp_path / "t.jsonl"
+    good = [json.dumps(t) for t in review_tasks(2)]
+    path.write_text(f"{good[0]}\n\n\n{good[1]}\n" + '{"prompt": "no id"}\n', encoding="utf-8")
+    calls = []
+    session = Session(CallableProvider(lambda call: calls.append(call) or items_reply(call)))
+    with pytest.raises(InvalidBatch, match=r"task #2 has no task_id; .* \(line 5 of the tasks "
+                                           r"file '.*t\.jsonl'\)"):
+        session.run_batch("b", path, LABEL_SCHEMA)
+    with pytest.raises(InvalidBatch) as listed:  # the same tasks from a list: no line to name
+        session.run_batch("b", [*review_tasks(2), {"prompt": "no id"}], LABEL_SCHEMA)
+    assert "task #2 has no task_id" in str(listed.value) and "line" not in str(listed.value)
+    assert calls == [] and session.ledger.batch_names() == []
+
+
 def test_a_duplicate_late_in_a_generator_is_refused_before_anything_is_spent():
     calls = []
     session = Session(CallableProvider(lambda call: calls.append(call) or items_reply(call)))

@@ -62,14 +62,18 @@ def normalize_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
         return chain((task["task_id"] for task in taken), chunk.ids, more)
 
     add_text, add_id = chunk.texts.append, chunk.ids.append  # the chunk's lists are kept
-    for position, task in enumerate(stream_tasks(tasks, hasher)):
+    line = [0]  # a tasks file's line last read
+    for position, task in enumerate(stream_tasks(tasks, hasher, line)):
         try:
             text, task_id = _task_text(position, task, identity)
-        except InvalidBatch:  # a repeated id before it (or its own) is named first
+        except InvalidBatch as exc:  # a repeated id before it (or its own) is named first
             own = task.get("task_id") if isinstance(task, Mapping) else None
             mine = (str.__str__(own),) if isinstance(own, str) else ()
             ids.update(chain(chunk.ids, mine))
             ids.refuse_repeats(so_far(*mine))
+            if line[0]:  # where to find it: a file's blank lines are no tasks
+                raise InvalidBatch(f"{exc} (line {line[0]} of the tasks file "
+                                   f"{os.fspath(tasks)!r})") from None
             raise
         if names is not None and not names.keys() >= task.keys():  # fields not seen before
             # in its JSON's order, as text (an enum's key too); keys all text: no others sort
@@ -531,11 +535,12 @@ def is_task_file(tasks: Any) -> bool:
 
 
 def stream_tasks(tasks: Iterable[Mapping[str, Any]] | str | os.PathLike,
-                 hasher: Any = None) -> Iterator[Any]:
+                 hasher: Any = None, line: list[int] | None = None) -> Iterator[Any]:
     """Each task in order, from a list, an iterable or a JSON Lines file (blank lines skipped),
-    never holding the whole; ``hasher`` is fed the very bytes read, naming what was checked."""
+    never holding the whole; ``hasher`` is fed the very bytes read, naming what was checked;
+    ``line[0]``: the file's line of the task last read."""
     if is_task_file(tasks):
-        return _read_jsonl(Path(tasks), hasher)
+        return _read_jsonl(Path(tasks), hasher, line if line is not None else [0])
     if isinstance(tasks, (str, bytes)) or isinstance(tasks, Mapping):
         raise InvalidBatch("tasks must be a list of mappings, one per task, or the path of a "
                            f"JSON Lines file (Path('tasks.jsonl')); got {type(tasks).__name__}")
@@ -555,7 +560,7 @@ def file_digest(path: str | os.PathLike) -> str | None:
         return None
 
 
-def _read_jsonl(path: Path, hasher: Any) -> Iterator[Any]:
+def _read_jsonl(path: Path, hasher: Any, line_read: list[int]) -> Iterator[Any]:
     try:
         lines = path.open("rb")
     except OSError as exc:
@@ -576,6 +581,7 @@ def _read_jsonl(path: Path, hasher: Any) -> Iterator[Any]:
                                    "UTF-8") from None
             if type(task) is dict:  # one str per field name, not one per line
                 task = {names.setdefault(k, k): v for k, v in task.items()}
+            line_read[0] = number
             yield task
 
 
