@@ -462,3 +462,31 @@ def test_rlm_helper_says_what_one_call_may_cost_when_the_budget_cannot_hold_it(
     assert "one call may cost up to $0.01" in said and "cost budget has left" in said
     assert "0 call(s) remain" not in said and raised.value.one_call > 0.001
     assert spy.calls == 0
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"\ud800": {"type": "string"}}},
+    {"type": "object", "properties": {"label": {"enum": ["ok", "\ud800"]}}},
+    {"type": "object", "description": "half an emoji \udc80"},
+])
+def test_an_unpaired_surrogate_in_a_schema_is_refused_by_where_it_is_before_anything_is_spent(
+        schema: dict[str, Any]) -> None:
+    calls: list[Any] = []
+    session = Session(CallableProvider(lambda call: calls.append(call) or items_reply(call)))
+    with pytest.raises(InvalidBatch, match=r"schema holds an unpaired surrogate at "
+                                           r"(properties/'\\ud800' \(a key\)|properties/label/"
+                                           r"enum/1|description) .*fix the text"):
+        session.run_batch("b", review_tasks(2), schema)
+    namespace: dict[str, Any] = {}
+    bind(namespace, lambda prompts: ["{}" for _ in prompts])
+    with pytest.raises(InvalidBatch, match="unpaired surrogate"):
+        namespace["llm_batch_json"](["a"], schema)
+    assert calls == [] and session.ledger.batch_names() == []
+
+
+def test_a_validator_name_that_no_ledger_can_store_is_refused_when_it_is_registered() -> None:
+    namespace: dict[str, Any] = {}
+    bind(namespace, lambda prompts: ["{}" for _ in prompts])
+    for name, said in (("\ud800", "unpaired surrogate"), ("a\x00b", "control character")):
+        with pytest.raises(InvalidBatch, match=f"a validator name .*{said}"):
+            namespace["validator"](lambda value, index: None, name=name)

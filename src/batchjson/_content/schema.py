@@ -121,6 +121,7 @@ def compile_schema(schema: Any, *, strict_integers: bool = False) -> ItemSchema:
             raise InvalidBatch(
                 f"pydantic model {schema.__qualname__} has no JSON schema: {exc}") from None
         # the whole class, not only its JSON schema: an edited field_validator is a new schema
+        _refuse_surrogates(js, "")
         whole = fingerprint_function(schema)
         return ItemSchema(js, model_fingerprint(schema, js, whole), model=schema,
                           unseen=whole.unseen)
@@ -146,6 +147,7 @@ def _compile_mapping(schema: Mapping[str, Any], strict_integers: bool = False) -
         js = json.loads(json.dumps(schema, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise InvalidBatch(f"schema is not JSON-serialisable: {exc}") from None
+    _refuse_surrogates(js, "")
     cls = jsonschema.validators.validator_for(js, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(js)
@@ -277,6 +279,25 @@ def _exact_multiple_of(validator: Any, step: Any, instance: Any, schema: Any) ->
     if (Fraction(instance) / Fraction(step)).denominator != 1:
         yield jsonschema.ValidationError(f"{_as_written(repr(instance))} is not a "
                                          f"multiple of {_as_written(repr(step))}")
+
+
+def _refuse_surrogates(value: Any, where: str) -> None:
+    """A schema is keyed and sent as UTF-8: an unpaired surrogate in any of its texts is refused,
+    named by where it is (compile_schema guards the recursion)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidBatch(f"schema holds an unpaired surrogate at {where or '<root>'} "
+                               f"(position {exc.start} of {value!r}), which is not valid "
+                               "Unicode and cannot be sent or stored; fix the text") from None
+    elif isinstance(value, dict):
+        for key, child in value.items():
+            _refuse_surrogates(key, f"{where}/{key!r} (a key)" if where else f"{key!r} (a key)")
+            _refuse_surrogates(child, f"{where}/{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            _refuse_surrogates(child, f"{where}/{index}" if where else str(index))
 
 
 def _non_string_key(value: Any, where: str) -> tuple[str, Any] | None:

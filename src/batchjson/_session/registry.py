@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .._acceptance.judge import droste_verdicts
-from .._errors import InvalidBatch, ValidatorChanged
+from .._errors import ValidatorChanged
 from .._fingerprint.fingerprint import (
     Fingerprint,
     describe_changes,
@@ -22,7 +22,7 @@ from .._fingerprint.fingerprint import (
     unwrap_callable,
 )
 from .._ledger.records import now
-from .spec import check_verdicts
+from .spec import check_text, check_verdicts
 
 __all__ = ["Definition", "ValidatorRegistry", "ValidatorVersion"]
 
@@ -189,8 +189,8 @@ class ValidatorRegistry:
                              if v.fn is fn), None) or _default_name(fn)
             if name.endswith("<lambda>"):  # lambdas share one name: tell them apart by content
                 name = f"{name}#{fingerprint.short}"
-        if not isinstance(name, str) or not name:
-            raise InvalidBatch(f"a validator name must be a non-empty string, got {name!r}")
+        check_text("a validator name", name, "validator(check, name='label_check')",
+                   required=True)  # a ledger keeps it: valid Unicode, no control character
         return name, fingerprint
 
     def _refuse_if_strict(self, name: str, current: ValidatorVersion | None,
