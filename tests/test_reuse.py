@@ -368,3 +368,33 @@ def test_the_result_says_how_many_requests_were_re_judged_without_a_call():
     assert result.calls == 0 and result.rechecked == 2
     assert "2 request(s) resolved by re-judging" in result._repr_html_()
     assert result.summary()["rechecked"] == 2
+
+
+@pytest.mark.parametrize("crash", [RuntimeError("lookup timed out"), KeyboardInterrupt()])
+def test_an_answer_the_validator_crashed_on_is_judged_again_on_rerun_not_paid_again(
+        tmp_path, crash):
+    """A validator that raised on a paid answer (a flaky lookup, an interrupt raised inside it)
+    never finished judging it: the re-run with the same validator judges that stored answer
+    before asking again, as the failure's own message promises."""
+    paid: list[list[str]] = []
+
+    def provider(call: Any) -> str:
+        paid.append([t["task_id"] for t in call.tasks])
+        return items_reply(call)
+
+    tripped: list[int] = []
+    tasks = review_tasks(3)
+    ids = [t["task_id"] for t in tasks]
+
+    def check(item: dict[str, Any], task: dict[str, Any]) -> None:
+        if task["task_id"] == ids[1] and not tripped:
+            tripped.append(1)
+            raise crash
+
+    session = Session(CallableProvider(provider), ledger=tmp_path / "l.sqlite", concurrency=1)
+    first = session.run_batch("b", tasks, LABEL_SCHEMA, validator=check, on_exhausted="return")
+    assert first.status == "unresolved" and first.errors[0]["type"] == "validator_error"
+    again = session.run_batch("b", tasks, LABEL_SCHEMA, validator=check, on_exhausted="return")
+    assert again.resolved and again.calls == 1  # t2, never asked; t1's answer judged again
+    assert sorted(paid) == sorted([i] for i in ids)
+    session.close()

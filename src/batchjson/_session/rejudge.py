@@ -109,14 +109,29 @@ def earlier_candidates(store: Store, pending: Sequence[Request], *, seen_of: Map
     out = []
     for request in pending:
         # A return under this very key was judged by these rules already, unless its judging
-        # was interrupted (cancelled with its text kept) or reads what no fingerprint sees.
+        # did not end (cancelled with its text kept; the validator crashed on it) or reads what
+        # no fingerprint sees.
         rows = [row for row in earlier.get(seen_of[request.key], [])
-                if (same_key or row["request_key"] != request.key or row["status"] == "cancelled")
+                if (same_key or row["request_key"] != request.key or row["status"] == "cancelled"
+                    or _validator_crashed(row["errors"]))
                 and not stop_types(row["errors"])]  # the provider's word: never an answer
         rows += imported.get(sourceless_of.get(request.key, ""), [])
         if rows:
             out.append((request, rows))
     return out
+
+
+def _validator_crashed(errors: str | None) -> bool:
+    """Whether a receipt was rejected because the validator raised (a bug, a timeout): a
+    judgement that never ended, so its paid return is judged again before anything is asked."""
+    if not errors or "validator_error" not in errors:
+        return False
+    try:
+        listed = json.loads(errors)
+    except ValueError:
+        return False
+    return isinstance(listed, list) and any(
+        isinstance(e, dict) and e.get("type") == "validator_error" for e in listed)
 
 
 def unseen_token(store: Store, judging: Judging, requests: Sequence[Request],
