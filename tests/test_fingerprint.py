@@ -555,3 +555,58 @@ def test_canonical_json_is_the_standard_encoders_text(x: Any) -> None:
     byte, since stored keys are hashes of it."""
     assert canonical_json(x) == json.dumps(x, sort_keys=True, separators=(",", ":"),
                                            ensure_ascii=False, allow_nan=False)
+
+
+def _labels_check() -> Any:
+    def check(value: Any, index: int) -> None:
+        if value["label"] not in check.allowed:
+            raise ValueError("bad label")
+    return check
+
+
+def _counting_check() -> Any:
+    def check(value: Any, index: int) -> None:
+        check.calls += 1
+    check.calls = 0
+    return check
+
+
+def test_an_attribute_set_on_a_validator_function_is_part_of_what_it_is():
+    """``check.allowed = ...`` set by a cell decides what ``check`` accepts: narrowing it is a
+    new validator (its stored answers judged again), while a count the function keeps of its
+    own calls changes nothing."""
+    wide, narrow, again = _labels_check(), _labels_check(), _labels_check()
+    wide.allowed, narrow.allowed, again.allowed = ("pos", "maybe"), ("pos",), ("pos", "maybe")
+    assert fingerprint_function(wide).digest != fingerprint_function(narrow).digest
+    assert fingerprint_function(wide).digest == fingerprint_function(again).digest
+    counting = _counting_check()
+    before = fingerprint_function(counting).digest
+    counting.calls += 5
+    assert fingerprint_function(counting).digest == before
+    assert fingerprint_function(_counting_check()).digest == before
+
+
+def test_a_validator_reading_an_attribute_of_itself_rejudges_when_the_attribute_narrows():
+    from batchjson.rlm import bind
+
+    calls: list[str] = []
+
+    def helper(prompts: list[str]) -> list[str]:
+        calls.extend(prompts)
+        return ['{"label": "maybe"}' for _ in prompts]
+
+    namespace: dict[str, Any] = {"prompts": ["a", "b"]}
+    bind(namespace, helper)
+    schema = {"type": "object", "properties": {"label": {"type": "string"}},
+              "required": ["label"]}
+    cell = ("def check(value, index):\n"
+            "    if value['label'] not in check.allowed:\n"
+            "        raise ValueError('bad label')\n"
+            "check.allowed = ALLOWED\n"
+            "result = llm_batch_json(prompts, schema, validator=check, max_repair_attempts=0)\n")
+    namespace.update(schema=schema, ALLOWED=("pos", "maybe"))
+    exec(cell, namespace)
+    assert namespace["result"]["values"] == [{"label": "maybe"}] * 2 and len(calls) == 2
+    namespace["ALLOWED"] = ("pos",)
+    exec(cell, namespace)
+    assert namespace["result"]["values"] == [None, None]  # 'maybe' no longer passes

@@ -338,6 +338,7 @@ class Walker:
             parts.append(("defaults", self.ref(fn.__defaults__, "defaults")))
         if fn.__kwdefaults__:
             parts.append(("kwdefaults", self.ref(fn.__kwdefaults__, "kwdefaults")))
+        parts += self._function_attributes(fn, facts)
         cells: dict[str, Any] = {}
         for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
             try:
@@ -370,6 +371,17 @@ class Walker:
                 names = ".".join([chain[0][1], *resolved[2]])
                 self.unseen.append(("", f"getattr({names}, <name>)"))
         return parts
+
+    def _function_attributes(self, fn: types.FunctionType, facts: CodeFacts
+                             ) -> list[tuple[str, str]]:
+        """Attributes set on the function (``check.allowed = ...``), which its code may read
+        through its own name: by content, but those its own code assigns (``check.calls += 1``)
+        by their type alone; a decorator's dunders (``__wrapped__``) are walked elsewhere."""
+        own = sorted((name, value) for name, value in vars(fn).items()
+                     if not name.startswith("__"))
+        return [(f"attribute:{name}", _digest("batchjson:written:1", _qualname(type(value)))
+                 if name in facts.written_attrs else self.ref(value, f"attribute:{name}"))
+                for name, value in own]
 
     def _held(self, kind: str, name: str, value: Any, facts: CodeFacts) -> tuple[str, str]:
         """A global or closure cell: left out if assigned (by policy), by type if filled."""
