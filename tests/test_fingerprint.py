@@ -610,3 +610,48 @@ def test_a_validator_reading_an_attribute_of_itself_rejudges_when_the_attribute_
     namespace["ALLOWED"] = ("pos",)
     exec(cell, namespace)
     assert namespace["result"]["values"] == [None, None]  # 'maybe' no longer passes
+
+
+RULES_CELL = '''
+import dataclasses, enum
+
+@dataclasses.dataclass
+class Rules:
+    allowed: tuple = ("pos", "neg")
+    def ok(self, label):
+        return label.lower() in self.allowed
+
+class Level(enum.Enum):
+    LOW = 1
+    def admits(self, score):
+        return score >= self.value
+
+class Labels(dict):
+    def ok(self, label):
+        return label in self
+
+RULES, LEVEL, LABELS = Rules(), Level.LOW, Labels(pos=1)
+
+def check(value, index):
+    if not (RULES.ok(value["label"]) and LEVEL.admits(value["score"])
+            and LABELS.ok(value["label"])):
+        raise ValueError("rejected")
+'''
+
+
+@pytest.mark.parametrize("edit", [
+    ("return label.lower() in self.allowed", "return label in self.allowed"),
+    ("return score >= self.value", "return score > self.value"),
+    ("return label in self", "return label.lower() in self"),
+])
+def test_a_method_edited_in_the_class_of_a_value_the_validator_reads_is_a_new_validator(edit):
+    """A dataclass, an enum member or a dict subclass is read as data, but its class is the
+    user's code: an edited method decides other verdicts, so its answers are judged again."""
+    def fingerprint(source: str) -> Any:
+        namespace: dict[str, Any] = {}
+        exec(source, namespace)
+        return fingerprint_function(namespace["check"])
+
+    before, same = fingerprint(RULES_CELL), fingerprint(RULES_CELL)
+    assert before.digest == same.digest and not before.by_identity
+    assert fingerprint(RULES_CELL.replace(*edit)).digest != before.digest

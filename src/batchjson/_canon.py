@@ -134,8 +134,10 @@ class Canon:
     ``immutable_only`` a mutable value counts by its type (a source's log must not move its key)."""
 
     def __init__(self, hook: Callable[[Any], Any] | None = None, *,
-                 immutable_only: bool = False) -> None:
+                 immutable_only: bool = False,
+                 code_of: Callable[[type], Any] | None = None) -> None:
         self.hook = hook
+        self.code_of = code_of  # a user's class's content (its methods), None for a library's
         self.immutable_only = immutable_only
         self.active: dict[int, int] = {}  # id -> depth of the containers being encoded
 
@@ -221,7 +223,7 @@ class Canon:
     def other(self, x: Any) -> Any:
         name = qualname(x if isinstance(x, type) else type(x))
         if isinstance(x, enum.Enum):
-            return ("E", name, self.value(x.value))
+            return ("E", self._class_of(x, name), self.value(x.value))
         if isinstance(x, type):
             if self.hook is not None:  # classes are code: the fingerprint walker owns them
                 return ("H", self.hook(x))
@@ -230,7 +232,7 @@ class Canon:
         elif isinstance(x, (BaseModel, *_BASES)) or dataclasses.is_dataclass(x):
             if self.immutable_only and not _frozen(x):
                 return ("M", name)
-            key = self._enter(x)
+            key, name = self._enter(x), self._class_of(x, name)
             try:
                 if isinstance(x, BaseModel):
                     return ("P", name, self.value(_call(x.model_dump, name, mode="json")))
@@ -244,6 +246,13 @@ class Canon:
         if self.hook is not None:
             return ("H", self.hook(x))
         raise Unhashable(f"cannot content-hash a {name}")
+
+
+    def _class_of(self, x: Any, name: str) -> Any:
+        """An instance held as data named by its class, and by the class's content where that
+        is the user's code: its methods edited, it is another value."""
+        code = None if self.code_of is None else self.code_of(type(x))
+        return name if code is None else (name, code)
 
 
 def _frozen(x: Any) -> bool:

@@ -188,7 +188,8 @@ class Walker:
         self.label = ""
         self.root = 0  # id of the value a ref() started from: its nodes are named by the label
         self.hook_calls = 0
-        self.canon = canon.Canon(self._hook, immutable_only=policy.immutable_only)
+        self.canon = canon.Canon(self._hook, immutable_only=policy.immutable_only,
+                                 code_of=self._class_code)
 
     def node(self, obj: Any) -> Node:
         key = id(obj)
@@ -270,6 +271,11 @@ class Walker:
         if len(self.details) < _DETAIL_CAP:
             self.details.extend((f"{label}>{p}", d) for p, d in (*node.parts, *node.details))
         return ("node", node.digest)
+
+    def _class_code(self, cls: type) -> Any:
+        """The class of a value held as data (a dataclass, an enum member, a model), walked when
+        it is the user's code; None for installed code, which goes by its name."""
+        return None if self._importable(cls) else self._hook(cls)
 
     def _importable(self, obj: Any) -> bool:
         """Installed code reachable by module.qualname goes by name; the user's by content."""
