@@ -655,3 +655,37 @@ def test_a_method_edited_in_the_class_of_a_value_the_validator_reads_is_a_new_va
     before, same = fingerprint(RULES_CELL), fingerprint(RULES_CELL)
     assert before.digest == same.digest and not before.by_identity
     assert fingerprint(RULES_CELL.replace(*edit)).digest != before.digest
+
+
+def test_a_sentinel_made_anew_by_a_rerun_cell_keeps_the_validator_it_was():
+    """``_NOTHING = object()`` in a re-executed cell is a new object each run, yet the check
+    behaves the same: compared by identity it would make every re-run a changed validator, the
+    seed's ratchet (strict refuses the re-run; otherwise its evidence is orphaned)."""
+    from batchjson.rlm import bind
+
+    cell = ("_NOTHING = object()\n"
+            "def check(value, index):\n"
+            "    if value.get('label', _NOTHING) is _NOTHING:\n"
+            "        raise ValueError('no label')\n"
+            "result = llm_batch_json(prompts, schema, validator=check, max_repair_attempts=0)\n")
+    unlabelled = {"a"}  # answered without a label until the first run is over
+    calls: list[str] = []
+
+    def helper(prompts: list[str]) -> list[str]:
+        calls.extend(prompts)
+        return ['{"other": 1}' if any(p.endswith(u) for u in unlabelled) else '{"label": "pos"}'
+                for p in prompts]
+
+    namespace: dict[str, Any] = {"prompts": ["a", "b"], "schema": {"type": "object"}}
+    bind(namespace, helper)  # strict: a changed validator with evidence owed is refused
+    exec(cell, namespace)
+    first = fingerprint_function(namespace["check"])
+    assert namespace["result"]["values"][1] == {"label": "pos"} and not first.by_identity
+    assert namespace["result"]["values"][0] is None
+    unlabelled.clear()
+    paid = len(calls)
+    exec(cell, namespace)  # the host re-executes the cell after its error
+    assert fingerprint_function(namespace["check"]).digest == first.digest
+    assert namespace["result"]["values"] == [{"label": "pos"}] * 2
+    assert len(calls) == paid + 1  # only the prompt still owed is asked again
+    assert namespace["batch_status"]()["minimum_exact_retry_calls"] == 0
