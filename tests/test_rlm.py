@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -367,3 +368,25 @@ def test_an_rlm_call_fingerprints_its_validator_once(monkeypatch, named):
         "validator=validate_labels)", "validator=validate_labels, name='labels')")
     assert ("name='labels'" in cell) == named and run_cell(cell, namespace) == "ok"
     assert len(walked) == 1
+
+
+def test_a_refused_rerun_names_the_object_the_cell_makes_anew_and_how_to_keep_it():
+    """A connection made in the re-executed cell is compared by identity, so every re-run is a
+    changed validator: the refusal says so and what to do, since restoring the definition
+    cannot help."""
+    import sqlite3
+
+    namespace: dict[str, Any] = {"prompts": ["a"], "schema": {"type": "object"},
+                                 "sqlite3": sqlite3}
+    bind(namespace, lambda prompts: ['{"x": 1}' for _ in prompts])
+    cell = ("DB = sqlite3.connect(':memory:')\n"
+            "def check(value, index):\n"
+            "    DB.execute('select 1')\n"
+            "    raise ValueError('rejected')\n"
+            "result = llm_batch_json(prompts, schema, validator=check, max_repair_attempts=0)\n")
+    exec(cell, namespace)
+    with pytest.raises(ValidatorChanged) as refused:
+        exec(cell, namespace)
+    said = str(refused.value)
+    assert "global DB changed (compared by identity)" in said
+    assert said.endswith("make it once, in a cell that is not re-run.")

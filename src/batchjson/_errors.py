@@ -83,12 +83,17 @@ class ValidatorChanged(BatchJsonError):
         self.changes = changes
         what = "; ".join(changes) if changes else "its content fingerprint"
         reads = " (or the file it reads)" if any("file " in c for c in changes) else ""
+        # a cell re-run makes its own objects anew: compared by identity, each run "changed"
+        self.made_anew = (" An object compared by identity (a connection, a client) that the "
+                          "cell makes is new on every run: make it once, in a cell that is not "
+                          "re-run." if any("(compared by identity)" in c for c in changes)
+                          else "")
         super().__init__(
             f"validator {name!r} changed ({what}; {old[:12]} -> {new[:12]}) while {unresolved} "
             "request(s) recorded under the old version are unresolved, and this session is strict. "
             f"Restore the previous definition{reads} and re-run to resolve them, or register "
             f"the new logic under another name (validator(fn, name='{name}_v2'), or rename the "
-            "function).")
+            f"function).{self.made_anew}")
 
 
 class BatchUnresolved(BatchJsonError):

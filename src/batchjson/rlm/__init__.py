@@ -477,7 +477,7 @@ def _changed_message(exc: ValidatorChanged, owed: Sequence[str], *, during: str)
         f"{exc.name} exactly and re-run the same call to clear it, or, if the new logic is "
         f"intended, give it a new name (define it as {_suggest(exc.name)}, or pass "
         f"validator=validator(fn, name=\"{_suggest(exc.name)}\")); the old evidence then stays "
-        "unresolved and still blocks a ready answer (finalization_check()).")
+        f"unresolved and still blocks a ready answer (finalization_check()).{exc.made_anew}")
 
 
 def _base(name: str | None) -> str:
