@@ -135,3 +135,39 @@ def test_a_killed_runners_calls_are_charged_their_worst_case_when_taken_over(led
     budget = Ledger(path).budget()
     assert budget["reserved"] == pytest.approx(0.0, abs=1e-9)
     assert budget["spent"] == pytest.approx(held + 3 * 0.105)  # the dead calls at worst case
+
+
+HANGING_ELSEWHERE = HANGING.replace("ledger=sys.argv[1]",
+                                    "ledger=Ledger(sys.argv[1], lease=1.0)").replace(
+    "from batchjson import CallableProvider, Session",
+    "from batchjson import CallableProvider, Ledger, Session")
+
+
+def test_a_call_waiting_on_the_ledgers_budget_frees_what_a_dead_hosts_calls_held(
+        ledger_at, monkeypatch):
+    """Another machine died with calls in flight: its reservations are what a waiting call
+    waits on, and no live runner would ever release them. Once its lease has expired the
+    waiting runner takes them over (charged their worst case) and ends, never hanging."""
+    path = ledger_at()
+    Ledger(path).set_budget(10.0)
+    monkeypatch.setenv("BATCHJSON_HOST", "another-machine")  # its death cannot be seen here
+    kill_runner_mid_call(HANGING_ELSEWHERE, path, 3)
+    monkeypatch.setenv("BATCHJSON_HOST", "this-machine")
+    held = Ledger(path).budget()["reserved"]
+    Ledger(path).set_budget(held * 7 / 6)  # a call fits in it, but not beside the dead calls
+    results: list[object] = []
+    session = Session(CallableProvider(priced, price=PRICE, max_tokens=40), ledger=path)
+    runner = threading.Thread(target=lambda: results.append(session.run_batch(
+        "r", review_tasks(3), LABEL_SCHEMA, on_exhausted="return")), daemon=True)
+    runner.start()
+    runner.join(60)
+    assert results, "the run hung on reservations no live runner holds"
+    (result,) = results
+    assert result.status == "unresolved" and result.calls == 0
+    assert {e["type"] for e in result.errors} == {"budget_exhausted"}
+    budget = Ledger(path).budget()
+    assert budget["reserved"] == pytest.approx(0.0, abs=1e-9)
+    assert budget["spent"] == pytest.approx(held)  # the dead calls, at their worst case
+    assert ledger_rows(path, "SELECT status, COUNT(*) FROM attempts GROUP BY status") == [
+        ("abandoned", 3)]
+    session.close()

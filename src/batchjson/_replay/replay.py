@@ -327,6 +327,8 @@ class Replayer(Settle):
         shared = self.ledger.budget()
         if shared is None:  # removed a moment ago: the next try holds nothing
             return pause
+        if shared["reserved"] and self._reaped():  # a gone host's calls held part of it: now
+            return pause  # charged their worst case and freed, the next try sees what is left
         if not shared["reserved"] or worst > shared["cost"] - shared["spent"]:
             return NotSent(
                 "out_of_budget",
@@ -337,6 +339,16 @@ class Replayer(Settle):
         if self.control.stop is not None:
             return STOPPED
         return min(pause * 1.5, 1.0)
+
+    def _reaped(self) -> bool:
+        """Whether runners found gone (their process dead, their lease expired) gave up calls
+        in flight just now: their reservations are what a waiting call waits on, and no live
+        runner would ever release them."""
+        try:
+            return bool(self.store.reap())
+        except LedgerError as exc:
+            self.control.ledger_failed(exc)
+            return False
 
     def _close(self, attempt_id: int, why: str, sent_at: str | None,
                reply: Reply | None = None, reserved: float = 0.0) -> None:
