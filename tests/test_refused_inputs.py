@@ -490,3 +490,23 @@ def test_a_validator_name_that_no_ledger_can_store_is_refused_when_it_is_registe
     for name, said in (("\ud800", "unpaired surrogate"), ("a\x00b", "control character")):
         with pytest.raises(InvalidBatch, match=f"a validator name .*{said}"):
             namespace["validator"](lambda value, index: None, name=name)
+
+
+def test_a_ledgers_reads_refuse_a_name_no_batch_can_have_with_batchjsons_own_error(
+        ledger_at: Any) -> None:
+    """A batch name with an unpaired surrogate reached SQLite or psycopg and came back as their
+    UnicodeEncodeError; a budget beyond any float as an OverflowError."""
+    from batchjson import Ledger
+
+    ledger = Ledger(ledger_at())
+    name = "labels\ud800"
+    for read in (ledger.spend, ledger.cost_summary, ledger.evidence, ledger.attempts,
+                 ledger.checkpoint, ledger.revisions, ledger.export_receipts,
+                 lambda n: ledger.forget(n, via="test")):
+        with pytest.raises(InvalidBatch, match=r"batch name 'labels\\ud800' holds an unpaired "
+                                               "surrogate at position 6"):
+            read(name)
+    with pytest.raises(InvalidBatch, match="budget cost must be a finite number"):
+        ledger.set_budget(10**400)
+    assert ledger.budget() is None and ledger.batch_names() == []
+    ledger.close()

@@ -34,12 +34,19 @@ def _places(amount: float) -> int:
     return max(6, 2 - math.floor(math.log10(amount)))
 
 
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        return False
+
+
 def cost_value(value: Any) -> float | None:
     """A cost budget in USD as given, checked: a finite number >= 0, or None for no limit."""
     if value is None:
         return None
     if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or value < 0):
+            or not _finite(value) or value < 0):
         raise InvalidBatch(f"budget cost must be a finite number of USD >= 0 (or None for no "
-                           f"limit), got {value!r}")
+                           f"limit), got {value!r:.60}")
     return float(value)

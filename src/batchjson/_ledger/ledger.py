@@ -19,6 +19,19 @@ from .store import Store
 from .store_jobs import _unfinished_jobs
 
 
+def batch_name(name: Any) -> Any:
+    """A batch name as given to a ledger's reads: one no batch can have (an unpaired surrogate
+    is no text a ledger stores) is refused, naming it, before any statement is sent."""
+    if isinstance(name, str):
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidBatch(f"batch name {name!r} holds an unpaired surrogate at position "
+                               f"{exc.start}, which no batch's name can hold; fix the text"
+                               ) from None
+    return name
+
+
 class Ledger:
     """The ledger's facade over its store: what it holds, never what that cost in dollars."""
 
@@ -52,12 +65,12 @@ class Ledger:
     # -- reading -------------------------------------------------------------------------------
     def attempts(self, name: str, *, failed: bool = False) -> list[Receipt]:
         """Receipts of a batch in call order (every revision)."""
-        return self.store._receipts(name, failed=failed)
+        return self.store._receipts(batch_name(name), failed=failed)
 
     def checkpoint(self, name: str, revision_id: int | None = None) -> dict[str, Any]:
         """task_id -> accepted item for one revision of the batch (default: its current one; a
         run reads its own, as another runner may have made a different one current)."""
-        return self.store._checkpoint(name, revision_id)
+        return self.store._checkpoint(batch_name(name), revision_id)
 
     def batch_names(self) -> list[str]:
         """Every batch's name, in the order they were made."""
@@ -69,8 +82,8 @@ class Ledger:
         """Revisions in the order they were made: every one, or those of batch ``name``, of
         the content ``fingerprint``, with id ``revision_id``, of ``status`` (``open``,
         ``superseded``); ``current``: only the one each batch works on."""
-        return self.store._revisions(name, fingerprint=fingerprint, revision_id=revision_id,
-                                     status=status, current=current)
+        return self.store._revisions(batch_name(name), fingerprint=fingerprint,
+                                     revision_id=revision_id, status=status, current=current)
 
     def leaves(self, revision_id: int) -> list[Request]:
         """The requests of a revision that are sent (split ones give way to their halves)."""
@@ -79,8 +92,8 @@ class Ledger:
     def no_such_batch(self, name: str) -> str | None:
         """Why ``name`` is not a batch here, listing those that are; None when it is one."""
         names = self.store._batch_names()
-        return None if name in names else (f"no batch named {name!r} in this ledger (batches: "
-                                           f"{', '.join(names) or 'none yet'})")
+        return None if batch_name(name) in names else (
+            f"no batch named {name!r} in this ledger (batches: {', '.join(names) or 'none yet'})")
 
     def validator_usage(self) -> list[dict[str, Any]]:
         """Every recorded validator version, with the sorted names of batches run under it."""
@@ -119,7 +132,7 @@ class Ledger:
     def export_receipts(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every attempt (of one batch, or all) as an importable receipt, in call order; an
         InvalidBatch while a job may still answer (its receipts would leave without it)."""
-        problem = self.store._jobs_in_the_way(name, "export it")
+        problem = self.store._jobs_in_the_way(batch_name(name), "export it")
         if problem:
             raise InvalidBatch(problem)
         return self.store._export_receipts(name)

@@ -41,15 +41,15 @@ class Ledger(ledger.Ledger):
         summed. Calls with no recorded cost are counted in ``unknown_cost_calls``;
         ``cost_lower_bound_unknown`` is the least they cost, ``cost_lower_bound`` adds it to the
         known ``cost`` (docs/design.md, "Honest accounts")."""
-        return spend(self.store, name)
+        return spend(self.store, ledger.batch_name(name))
 
     def cost_summary(self, name: str | None = None) -> dict[str, Any]:
         """Per batch and in total: every attempt's calls, tokens and cost."""
-        return cost_summary(self.store, name)
+        return cost_summary(self.store, ledger.batch_name(name))
 
     def evidence(self, name: str | None = None) -> dict[str, Any]:
         """What is owed and what was spent (for one batch or all): ``Evidence.summary``."""
-        return Evidence(self).summary(name)
+        return Evidence(self).summary(ledger.batch_name(name))
 
     def import_receipts(self, path: str | Path, *, validators: Any = None,
                         without_validator: bool = False) -> dict[str, Any]:
