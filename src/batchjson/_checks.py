@@ -100,3 +100,16 @@ def whole_argument(minimum: int, maximum: int | None = None) -> Callable[[str], 
 
     parse.__name__ = f"whole number {bound}"
     return parse
+
+
+def batch_name(name: Any) -> Any:
+    """A batch name as given to a ledger's reads: one no batch can have (an unpaired surrogate
+    is no text a ledger stores) is refused, naming it, before any statement is sent."""
+    if isinstance(name, str):
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidBatch(f"batch name {name!r} holds an unpaired surrogate at position "
+                               f"{exc.start}, which no batch's name can hold; fix the text"
+                               ) from None
+    return name

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .._checks import is_amount
+from .._checks import batch_name, is_amount
 from .._content.tasks import Request
 from .._errors import ConfigError, InvalidBatch, LedgerError
 from .._money import cost_value
@@ -17,19 +17,6 @@ from .records import Receipt, Revision, _who, ledger_path, now
 from .sqlite import SQLiteStore, _read_ledger_file
 from .store import Store
 from .store_jobs import _unfinished_jobs
-
-
-def batch_name(name: Any) -> Any:
-    """A batch name as given to a ledger's reads: one no batch can have (an unpaired surrogate
-    is no text a ledger stores) is refused, naming it, before any statement is sent."""
-    if isinstance(name, str):
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidBatch(f"batch name {name!r} holds an unpaired surrogate at position "
-                               f"{exc.start}, which no batch's name can hold; fix the text"
-                               ) from None
-    return name
 
 
 class Ledger:

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._acceptance.judge import Verdict, sub_return
 from .._canon import canonical_json
+from .._checks import batch_name
 from .._content.keys import Keys
 from .._content.schema import ItemSchema, compile_schema
 from .._content.strictjson import finite_numbers, parse_as_written
@@ -41,15 +42,15 @@ class Ledger(ledger.Ledger):
         summed. Calls with no recorded cost are counted in ``unknown_cost_calls``;
         ``cost_lower_bound_unknown`` is the least they cost, ``cost_lower_bound`` adds it to the
         known ``cost`` (docs/design.md, "Honest accounts")."""
-        return spend(self.store, ledger.batch_name(name))
+        return spend(self.store, batch_name(name))
 
     def cost_summary(self, name: str | None = None) -> dict[str, Any]:
         """Per batch and in total: every attempt's calls, tokens and cost."""
-        return cost_summary(self.store, ledger.batch_name(name))
+        return cost_summary(self.store, batch_name(name))
 
     def evidence(self, name: str | None = None) -> dict[str, Any]:
         """What is owed and what was spent (for one batch or all): ``Evidence.summary``."""
-        return Evidence(self).summary(ledger.batch_name(name))
+        return Evidence(self).summary(batch_name(name))
 
     def import_receipts(self, path: str | Path, *, validators: Any = None,
                         without_validator: bool = False) -> dict[str, Any]:
