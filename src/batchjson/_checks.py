@@ -102,14 +102,20 @@ def whole_argument(minimum: int, maximum: int | None = None) -> Callable[[str], 
     return parse
 
 
+def surrogate_at(text: str) -> int | None:
+    """Where ``text`` holds an unpaired surrogate (no valid Unicode: it cannot be stored or sent
+    as UTF-8), else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
 def batch_name(name: Any) -> Any:
     """A batch name as given to a ledger's reads: one no batch can have (an unpaired surrogate
     is no text a ledger stores) is refused, naming it, before any statement is sent."""
-    if isinstance(name, str):
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidBatch(f"batch name {name!r} holds an unpaired surrogate at position "
-                               f"{exc.start}, which no batch's name can hold; fix the text"
-                               ) from None
+    if isinstance(name, str) and (at := surrogate_at(name)) is not None:
+        raise InvalidBatch(f"batch name {name!r} holds an unpaired surrogate at position {at}, "
+                           "which no batch's name can hold; fix the text")
     return name

@@ -22,6 +22,7 @@ from jsonschema_specifications import REGISTRY as METASCHEMAS
 from pydantic import BaseModel, ValidationError
 
 from .._canon import canonical_json, read_json
+from .._checks import surrogate_at
 from .._errors import InvalidBatch
 from .._fingerprint.fingerprint import fingerprint_function, model_fingerprint
 from .tasks import sha
@@ -285,12 +286,10 @@ def _refuse_surrogates(value: Any, where: str) -> None:
     """A schema is keyed and sent as UTF-8: an unpaired surrogate in any of its texts is refused,
     named by where it is (compile_schema guards the recursion)."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
+        if (at := surrogate_at(value)) is not None:
             raise InvalidBatch(f"schema holds an unpaired surrogate at {where or '<root>'} "
-                               f"(position {exc.start} of {value!r}), which is not valid "
-                               "Unicode and cannot be sent or stored; fix the text") from None
+                               f"(position {at} of {value!r}), which is not valid Unicode and "
+                               "cannot be sent or stored; fix the text")
     elif isinstance(value, dict):
         for key, child in value.items():
             _refuse_surrogates(key, f"{where}/{key!r} (a key)" if where else f"{key!r} (a key)")

@@ -25,7 +25,7 @@ import jsonschema
 from pydantic import Field, PlainValidator, SkipValidation
 
 from .._acceptance.judge import ECHO_EXEMPT
-from .._checks import Count, CountOrNone, Flag, Positive, Seconds, options
+from .._checks import Count, CountOrNone, Flag, Positive, Seconds, options, surrogate_at
 from .._content.schema import MISSING as _MISSING
 from .._content.schema import ItemSchema, compile_schema, smallest_answers, wire_schema
 from .._content.schema import resolve_pointer as _resolve
@@ -148,11 +148,9 @@ def check_text(label: str, value: Any, example: str, *, required: bool = False,
     if not isinstance(value, str) or (required and not value.strip()):
         kind = "a non-empty string" if required else "a string"
         raise InvalidBatch(f"{label} must be {kind}, e.g. {example}; got {value!r}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidBatch(f"{label} holds an unpaired surrogate at position {exc.start}, which "
-                           "is not valid Unicode and cannot be stored; fix the text") from None
+    if (at := surrogate_at(value)) is not None:
+        raise InvalidBatch(f"{label} holds an unpaired surrogate at position {at}, which is not "
+                           "valid Unicode and cannot be stored; fix the text")
     if free:
         return
     control = next((i for i, ch in enumerate(value) if unicodedata.category(ch) == "Cc"), None)
