@@ -851,9 +851,11 @@ def test_a_4xx_is_recorded_in_one_shape_whether_sent_live_or_in_a_job(tmp_path):
     assert shapes[0] == shapes[1]
 
 
-@pytest.mark.parametrize("case", ["live 400", "a job's 400 line", "an expired job"])
+@pytest.mark.parametrize(("case", "protocol"), [
+    ("live 400", "openai"), ("a job's 400 line", "openai"), ("an expired job", "openai"),
+    ("an expired job", "anthropic")])
 def test_a_request_the_model_never_ran_costs_nothing_in_every_view_of_the_account(
-        tmp_path, case):
+        tmp_path, case, protocol):
     """A refused call, or a job's line that never ran, is not billed: its receipt says $0 (not
     unknown, with a positive floor), as the run's result and the ledger's budget already do."""
     from batchjson.testing import HttpFaults
@@ -864,8 +866,8 @@ def test_a_request_the_model_never_ran_costs_nothing_in_every_view_of_the_accoun
         srv.batches.delay = 0.05
         srv.batches.faults = [BatchFaults(whole="expire") if case == "an expired job"
                               else BatchFaults(lines={0: "http_400"})]
-        s = session(srv, tmp_path / "l.sqlite", budget=Budget(cost=1.0),
-                    extra_body={"max_completion_tokens": 200})
+        s = session(srv, tmp_path / "l.sqlite", budget=Budget(cost=1.0), protocol=protocol,
+                    extra_body={"max_completion_tokens": 200} if protocol == "openai" else None)
         result = s.run_batch("labels", tasks(1), SCHEMA, transport=transport, wait=True,
                              on_exhausted="return", replays=0)
         account, spent = s.ledger.spend(), s.spent_cost
@@ -875,6 +877,22 @@ def test_a_request_the_model_never_ran_costs_nothing_in_every_view_of_the_accoun
     assert result.cost == 0.0 and result.provider_errors == 1 and spent == 0.0
     assert (account["cost"], account["unknown_cost_calls"], account["cost_lower_bound"]) == (
         0.0, 0, 0.0)
+
+
+def test_a_job_line_that_failed_after_its_model_may_have_run_keeps_an_unknown_cost(tmp_path):
+    """An error line (a 5xx) says nothing of whether the model ran: its receipt's cost stays
+    unknown, counted at its floor, never a known $0."""
+    with LoopbackServer(SimulatedModel()) as srv:
+        srv.batches.delay = 0.05
+        srv.batches.faults = [BatchFaults(lines={0: "errored"})]
+        s = session(srv, tmp_path / "l.sqlite")
+        s.run_batch("labels", tasks(1), SCHEMA, transport="batch", wait=True,
+                    on_exhausted="return", replays=0)
+        account = s.ledger.spend()
+        s.close()
+    assert ledger_rows(tmp_path / "l.sqlite", "SELECT status, cost FROM attempts") == [
+        ("provider_error", None)]
+    assert account["unknown_cost_calls"] == 1 and account["cost_lower_bound"] > 0
 
 
 def long_label(task: dict[str, Any]) -> dict[str, Any]:

@@ -689,3 +689,55 @@ def test_a_sentinel_made_anew_by_a_rerun_cell_keeps_the_validator_it_was():
     assert namespace["result"]["values"] == [{"label": "pos"}] * 2
     assert len(calls) == paid + 1  # only the prompt still owed is asked again
     assert namespace["batch_status"]()["minimum_exact_retry_calls"] == 0
+
+
+def test_a_container_the_validator_keeps_on_itself_never_makes_it_a_new_validator():
+    """``check.seen`` filled while judging would give the same function a new fingerprint after
+    every call (a ratchet): it counts by its type and is named unseen, so its stored answers
+    are judged again rather than trusted."""
+    def check(value: Any, index: int) -> None:
+        check.seen.append(value)
+
+    check.seen = []
+    before = fingerprint_function(check)
+    check({"label": "pos"}, 0)
+    after = fingerprint_function(check)
+    assert after.digest == before.digest and "check.seen" in after.unseen
+
+
+CACHED_CELL = '''
+import dataclasses, functools
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    allowed: tuple = ("pos",)
+    @functools.cached_property
+    def lowered(self):
+        return {a.lower() for a in self.allowed}
+    @functools.singledispatchmethod
+    def ok(self, label):
+        return False
+    @ok.register
+    def _(self, label: str):
+        return label.lower() in self.lowered
+
+RULES = Rules()
+
+def check(value, index):
+    if not RULES.ok(value["label"]):
+        raise ValueError("rejected")
+'''
+
+
+def test_a_class_with_cached_or_dispatching_methods_is_the_same_validator_each_run():
+    """Descriptors wrapping a function are new objects each time the class is defined: walked
+    by their function, a re-run cell keeps its validator (no ratchet), an edit is seen."""
+    def fingerprint(source: str) -> Any:
+        namespace: dict[str, Any] = {}
+        exec(source, namespace)
+        return fingerprint_function(namespace["check"])
+
+    first, again = fingerprint(CACHED_CELL), fingerprint(CACHED_CELL)
+    assert first.digest == again.digest and not first.by_identity
+    edited = CACHED_CELL.replace("{a.lower() for a", "{a.upper() for a")
+    assert fingerprint(edited).digest != first.digest

@@ -114,15 +114,18 @@ class ProviderError(BatchJsonError):
     """A transport or provider failure: recorded as provider_error, never as a repair.
     ``unreachable``: no server at the endpoint (refused, DNS), so the whole run stops; ``fatal``:
     the answer source is broken, so no further call, raised once the calls made unwound;
-    ``kind``: the answer source's own name for it (a droste client's error type)."""
+    ``kind``: the answer source's own name for it (a droste client's error type);
+    ``never_ran``: the provider says its model never ran the request (a batch job that expired,
+    was cancelled or failed before it)."""
 
     def __init__(self, message: str, *, status: int | None = None, retryable: bool = True,
                  retry_after: float | None = None, usage: dict[str, Any] | None = None,
                  unreachable: bool = False, kind: str = "provider_error",
-                 fatal: bool = False) -> None:
+                 fatal: bool = False, never_ran: bool = False) -> None:
         super().__init__(message)
         self.status, self.retryable, self.retry_after = status, retryable, retry_after
         self.unreachable, self.fatal, self.usage, self.kind = unreachable, fatal, usage or {}, kind
+        self.never_ran = never_ran
 
     @property
     def refused(self) -> bool:

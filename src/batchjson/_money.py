@@ -41,6 +41,13 @@ def _finite(value: float) -> bool:
         return False
 
 
+def _shown(value: Any) -> str:
+    """A value as an error names it: an integer too long to print by its size."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)[:60]
+
+
 def cost_value(value: Any) -> float | None:
     """A cost budget in USD as given, checked: a finite number >= 0, or None for no limit."""
     if value is None:
@@ -48,5 +55,5 @@ def cost_value(value: Any) -> float | None:
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not _finite(value) or value < 0):
         raise InvalidBatch(f"budget cost must be a finite number of USD >= 0 (or None for no "
-                           f"limit), got {value!r:.60}")
+                           f"limit), got {_shown(value)}")
     return float(value)

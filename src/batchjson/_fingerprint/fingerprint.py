@@ -140,6 +140,23 @@ def _methods(cls: type, only: frozenset[str] | None = None) -> Iterator[types.Fu
             yield member
 
 
+def _member_code(member: Any) -> Any:
+    """What a class member runs, for descriptors that wrap a function (else the member): their
+    own objects would be compared by identity, new each time the class is defined."""
+    if isinstance(member, (staticmethod, classmethod)):
+        return member.__func__
+    if isinstance(member, property):
+        return (member.fget, member.fset, member.fdel)
+    if isinstance(member, functools.cached_property):
+        return member.func
+    if isinstance(member, functools.partialmethod):
+        return (member.func, member.args, member.keywords)
+    if isinstance(member, functools.singledispatchmethod):
+        return tuple(sorted(((_qualname(k), f) for k, f in member.dispatcher.registry.items()),
+                            key=itemgetter(0)))
+    return member
+
+
 _ROOTS = {"g": "global", "c": "closure", "m": "import"}
 
 
@@ -382,12 +399,20 @@ class Walker:
                              ) -> list[tuple[str, str]]:
         """Attributes set on the function (``check.allowed = ...``), which its code may read
         through its own name: by content, but those its own code assigns (``check.calls += 1``)
-        by their type alone; a decorator's dunders (``__wrapped__``) are walked elsewhere."""
-        own = sorted((name, value) for name, value in vars(fn).items()
-                     if not name.startswith("__"))
-        return [(f"attribute:{name}", _digest("batchjson:written:1", _qualname(type(value)))
-                 if name in facts.written_attrs else self.ref(value, f"attribute:{name}"))
-                for name, value in own]
+        by their type alone, and a container it may fill by its type, named unseen (its stored
+        answers are judged again); a decorator's dunders (``__wrapped__``) are walked elsewhere."""
+        parts = []
+        for name, value in sorted(vars(fn).items()):
+            if name.startswith("__"):
+                continue
+            if name in facts.written_attrs or isinstance(value, _CONTAINERS):
+                parts.append((f"attribute:{name}", _digest("batchjson:written:1",
+                                                           _qualname(type(value)))))
+                if name not in facts.written_attrs:  # it may fill it (`check.seen.append`) or
+                    self.unseen.append(("", f"{fn.__name__}.{name}"))  # read it: judged again
+            else:
+                parts.append((f"attribute:{name}", self.ref(value, f"attribute:{name}")))
+        return parts
 
     def _held(self, kind: str, name: str, value: Any, facts: CodeFacts) -> tuple[str, str]:
         """A global or closure cell: left out if assigned (by policy), by type if filled."""
@@ -464,10 +489,7 @@ class Walker:
         for name, value in members:
             if name in _BOOKKEEPING or (model and name.startswith("__pydantic")):
                 continue
-            if isinstance(value, (staticmethod, classmethod)):
-                value = value.__func__
-            elif isinstance(value, property):
-                value = (value.fget, value.fset, value.fdel)
+            value = _member_code(value)
             label = f"{'validator' if name in decorators else 'attr'}:{name}"
             held = state_digest(value) if name in kept else None
             if name in self.written_attrs and not callable(value):

@@ -225,7 +225,8 @@ class AnthropicBatches(BatchClient):
             return ERROR_STATUS.get((error.get("error") or {}).get("type"), 500), error
         owed = (f"{kind} before it was answered" if kind in ("canceled", "expired")
                 else f"of unknown result type {kind!r}")
-        return ProviderError(f"anthropic batch line {owed}", retryable=True)
+        return ProviderError(f"anthropic batch line {owed}", retryable=True,
+                             never_ran=kind in ("canceled", "expired"))  # not billed
 
 
 _SPACE = re.compile(r"[ \t\n\r]*")

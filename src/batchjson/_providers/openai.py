@@ -277,7 +277,8 @@ class OpenAIBatches(BatchClient):
             what = error if isinstance(error, dict) else {"message": str(error)} if error else {}
             said = f"{what.get('code') or ''} {what.get('message') or 'no response'}"
             return ProviderError(f"openai batch line failed: {provider_text_masked(said.strip())}",
-                                 status=status, retryable=True)
+                                 status=status, retryable=True, never_ran=what.get("code") in (
+                                     "batch_expired", "batch_cancelled"))  # not billed
         if not isinstance(body, dict):
             return ProviderError("openai batch line has no response body", status=status,
                                  retryable=True)

@@ -750,7 +750,8 @@ def _lost(custom_id: str, came: int, whole: str | None, status: str,
         why = f"the job {status} before this request was answered"
     else:
         why = f"custom_id {custom_id} is missing from the output of a {status} job"
-    return ProviderError(why, retryable=True, usage=dict(usage))
+    return ProviderError(why, retryable=True, usage=dict(usage), never_ran=not came and (
+        whole is not None or status in ("expired", "cancelled", "canceled")))
 
 
 _SUMMED = ("input_tokens", "output_tokens", "cached_tokens", "cost")

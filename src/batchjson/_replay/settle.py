@@ -68,8 +68,9 @@ class Settle:
         sent_at, ledger = attempt.sent_at, self.ledger_charge(attempt.held, cost)
         if failed:
             out.provider_errors += 1
-            if cost == 0.0 and "cost" not in usage:  # billed nothing (the model never ran): its
-                usage = {**usage, "cost": 0.0}  # receipt says $0 as the run and budget do
+            if cost == 0.0 and "cost" not in usage and (got.refused or got.unreachable
+                                                         or got.never_ran):
+                usage = {**usage, "cost": 0.0}  # the model never ran it: a known $0
             if usage.get("input_tokens") or usage.get("output_tokens") or "cost" in usage:
                 # billed, yet failed: counted as a reply is, by the provider's own cost (unknown
                 # without one), as its receipt keeps it
