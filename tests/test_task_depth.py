@@ -149,3 +149,13 @@ def test_a_cycle_longer_than_the_depth_bound_is_named_a_cycle():
     chain["next"] = first
     with pytest.raises(InvalidBatch, match=r"task 'a' is not JSON-serialisable \(Circular"):
         normalize_tasks([first], None)
+
+
+def test_a_deep_list_shared_at_every_level_is_refused_as_deep_without_walking_every_path():
+    """One list shared at each of 1,200 levels is 1,200 containers to the encoder, which stops
+    at the recursion limit, but 2**1200 paths to a walk naming why: the walk is bounded."""
+    shared: list[Any] = []
+    for _ in range(1200):
+        shared = [shared, shared]
+    with pytest.raises(InvalidBatch, match="task 'x' is nested too deeply to encode as JSON"):
+        normalize_tasks([{"task_id": "x", "prompt": "p", "ctx": shared}], None)

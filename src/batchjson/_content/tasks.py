@@ -249,11 +249,17 @@ def _unnestable(task: dict[str, Any], task_id: str) -> InvalidBatch:
     return _too_deep(task_id, "to encode as JSON")
 
 
+WALKED = 1_000_000  # containers a task's walk looks at, at most: a list shared at every level
+# is one container to the encoder but 2**depth to a walk
+
+
 def _nesting_problem(task: Any, bound: int | None) -> str | None:
     """``"cycle"`` if a list or object holds itself, ``"deep"`` past ``bound`` levels (None: no
-    bound), else None; without recursion, so on any stack."""
+    bound) or past :data:`WALKED` containers (shared ones are walked again), else None; without
+    recursion, so on any stack."""
     path: set[int] = set()  # the containers above the one looked at
     stack: list[tuple[Any, int]] = [(task, 1)]
+    walked = 0
     while stack:
         value, depth = stack.pop()
         if depth < 0:  # every child of the container with this id looked at
@@ -261,7 +267,8 @@ def _nesting_problem(task: Any, bound: int | None) -> str | None:
             continue
         if id(value) in path:
             return "cycle"
-        if bound is not None and depth > bound:
+        walked += 1
+        if (bound is not None and depth > bound) or walked > WALKED:
             return "deep"
         path.add(id(value))
         stack.append((id(value), -1))
