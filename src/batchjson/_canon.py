@@ -247,7 +247,6 @@ class Canon:
             return ("H", self.hook(x))
         raise Unhashable(f"cannot content-hash a {name}")
 
-
     def _class_of(self, x: Any, name: str) -> Any:
         """An instance held as data named by its class, and by the class's content where that
         is the user's code: its methods edited, it is another value."""

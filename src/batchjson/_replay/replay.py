@@ -192,6 +192,7 @@ class Replayer(Settle):
         self._sending = 0  # calls sent and not yet answered
         self._call_seconds = 0.0  # a call's time at the provider, a moving average
         self._answered_at = 0.0  # when the last call answered (time.monotonic)
+        self._reaped_at = 0.0  # when gone runners' calls were last looked for (time.monotonic)
 
     async def call(self, request: Request, kind: CallKind, call: Call) -> Judged | NotSent:
         """Reserve, claim and commit the receipt of ``call``; then send it, judge and record the
@@ -344,6 +345,10 @@ class Replayer(Settle):
         """Whether runners found gone (their process dead, their lease expired) gave up calls
         in flight just now: their reservations are what a waiting call waits on, and no live
         runner would ever release them."""
+        now = time.monotonic()
+        if now - self._reaped_at < 1.0:  # every waiting call of the run asks: one looks a second
+            return False
+        self._reaped_at = now
         try:
             return bool(self.store.reap())
         except LedgerError as exc:
