@@ -647,14 +647,9 @@ def check(value, index):
 def test_a_method_edited_in_the_class_of_a_value_the_validator_reads_is_a_new_validator(edit):
     """A dataclass, an enum member or a dict subclass is read as data, but its class is the
     user's code: an edited method decides other verdicts, so its answers are judged again."""
-    def fingerprint(source: str) -> Any:
-        namespace: dict[str, Any] = {}
-        exec(source, namespace)
-        return fingerprint_function(namespace["check"])
-
-    before, same = fingerprint(RULES_CELL), fingerprint(RULES_CELL)
+    before, same = fp_of(RULES_CELL, "check"), fp_of(RULES_CELL, "check")
     assert before.digest == same.digest and not before.by_identity
-    assert fingerprint(RULES_CELL.replace(*edit)).digest != before.digest
+    assert fp_of(RULES_CELL.replace(*edit), "check").digest != before.digest
 
 
 def test_a_sentinel_made_anew_by_a_rerun_cell_keeps_the_validator_it_was():
@@ -732,12 +727,7 @@ def check(value, index):
 def test_a_class_with_cached_or_dispatching_methods_is_the_same_validator_each_run():
     """Descriptors wrapping a function are new objects each time the class is defined: walked
     by their function, a re-run cell keeps its validator (no ratchet), an edit is seen."""
-    def fingerprint(source: str) -> Any:
-        namespace: dict[str, Any] = {}
-        exec(source, namespace)
-        return fingerprint_function(namespace["check"])
-
-    first, again = fingerprint(CACHED_CELL), fingerprint(CACHED_CELL)
+    first, again = fp_of(CACHED_CELL, "check"), fp_of(CACHED_CELL, "check")
     assert first.digest == again.digest and not first.by_identity
     edited = CACHED_CELL.replace("{a.lower() for a", "{a.upper() for a")
-    assert fingerprint(edited).digest != first.digest
+    assert fp_of(edited, "check").digest != first.digest

@@ -405,13 +405,12 @@ class Walker:
         for name, value in sorted(vars(fn).items()):
             if name.startswith("__"):
                 continue
-            if name in facts.written_attrs or isinstance(value, _CONTAINERS):
-                parts.append((f"attribute:{name}", _digest("batchjson:written:1",
-                                                           _qualname(type(value)))))
-                if name not in facts.written_attrs:  # it may fill it (`check.seen.append`) or
-                    self.unseen.append(("", f"{fn.__name__}.{name}"))  # read it: judged again
-            else:
-                parts.append((f"attribute:{name}", self.ref(value, f"attribute:{name}")))
+            label, filled = f"attribute:{name}", state_digest(value)
+            if filled is not None and name not in facts.written_attrs:  # it may fill it
+                self.unseen.append(("", f"{fn.__name__}.{name}"))  # or read it: judged again
+            if filled is None and name in facts.written_attrs:  # a count it keeps
+                filled = _digest("batchjson:written:1", _qualname(type(value)))
+            parts.append((label, filled or self.ref(value, label)))
         return parts
 
     def _held(self, kind: str, name: str, value: Any, facts: CodeFacts) -> tuple[str, str]:
